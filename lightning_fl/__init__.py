@@ -1,0 +1,54 @@
+"""lightning-fl: a PyTorch Lightning toolkit for privacy research in federated learning.
+
+Federated training where every client is an ordinary Lightning Trainer, gradient-leakage attacks as
+callbacks at chosen rounds, and drop-in defences, with utility and privacy measured side by side.
+"""
+
+from lightning_fl.attacks import *  # noqa: F403
+from lightning_fl.attacks import __all__ as _attacks
+from lightning_fl.callbacks import *  # noqa: F403
+from lightning_fl.callbacks import __all__ as _callbacks
+from lightning_fl.client import Client
+from lightning_fl.datamodules import *  # noqa: F403
+from lightning_fl.datamodules import __all__ as _datamodules
+from lightning_fl.defences import *  # noqa: F403
+from lightning_fl.defences import __all__ as _defences
+from lightning_fl.loop import FederatedLoop, derive_seed
+from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
+from lightning_fl.models import *  # noqa: F403
+from lightning_fl.models import __all__ as _models
+from lightning_fl.privacy import *  # noqa: F403
+from lightning_fl.privacy import __all__ as _privacy
+from lightning_fl.private import mark_private, private_state, public_state
+from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector, weighted_average
+from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LEAK_POINTS",
+    "Aggregator",
+    "BroadcastTransform",
+    "Client",
+    "ClientSelector",
+    "ClientTransform",
+    "ClientUpdate",
+    "FedAvg",
+    "FederatedLoop",
+    "GroundTruth",
+    "LeakPoint",
+    "ServerTransform",
+    "ServerView",
+    "UniformSelector",
+    "derive_seed",
+    "mark_private",
+    "private_state",
+    "public_state",
+    "weighted_average",
+    *_attacks,
+    *_callbacks,
+    *_datamodules,
+    *_defences,
+    *_models,
+    *_privacy,
+]

@@ -1,0 +1,65 @@
+"""FederatedCallback: hooks named for when they run in a round, and the three leak points.
+
+Hook order in one round::
+
+    on_round_start(loop, round_idx, selected)
+    for each selected client:
+        on_client_fit_start(loop, client_id)
+        on_local_gradient(loop, view, ground_truth)    # type-2 leak: every local step, if overridden
+        on_client_fit_end(loop, update)                # the raw update, before client transforms
+        on_client_update(loop, view, ground_truth)     # type-1 leak: what the server receives
+    on_aggregate_end(loop, view, ground_truth)         # type-0 leak: the aggregate that is broadcast
+    on_round_end(loop, round_idx, metrics)
+
+``view`` is a :class:`~lightning_fl.messages.ServerView` (all an attack may use); ``ground_truth`` is kept
+apart for scoring. The loop builds views and ground truth only for hooks a callback overrides, so unused
+leak points cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
+
+if TYPE_CHECKING:
+    from lightning_fl.loop import FederatedLoop
+
+__all__ = ["FederatedCallback"]
+
+
+class FederatedCallback:
+    """Base class of loop-level callbacks; override the hooks you need."""
+
+    def on_fit_start(self, loop: FederatedLoop) -> None:
+        """Before the first round (also after a resume)."""
+
+    def on_fit_end(self, loop: FederatedLoop) -> None:
+        """After the last round."""
+
+    def on_round_start(self, loop: FederatedLoop, round_idx: int, selected: list[int]) -> None:
+        """A round begins with the selected clients."""
+
+    def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
+        """A selected client is about to train."""
+
+    def on_local_gradient(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        """Type-2 leak point: one local mini-batch gradient, as released by the client's optimiser step."""
+
+    def on_client_fit_end(self, loop: FederatedLoop, update: ClientUpdate) -> None:
+        """A client finished training; ``update`` is before client-side transforms."""
+
+    def on_client_update(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        """Type-1 leak point: the update as the server receives it (after client-side transforms)."""
+
+    def on_aggregate_end(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        """Type-0 leak point: the aggregate delta the server broadcasts (after server transforms)."""
+
+    def on_round_end(self, loop: FederatedLoop, round_idx: int, metrics: dict[str, float]) -> None:
+        """A round finished; ``metrics`` is its history entry."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

@@ -1,0 +1,187 @@
+"""Datasets by name, as in-memory image tensors in [0, 1].
+
+Two real datasets ship inside installed packages and need no network: ``digits`` (scikit-learn's 1,797
+handwritten 8x8 digits, Alpaydin & Kaynak 1998, resized) and ``lfw_faces`` (scikit-image's
+``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25). ``digits`` is the default
+everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` and ``lfw`` come from torchvision and are
+downloaded when the user has a network; any other string is read as an ImageFolder path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import Dataset
+
+__all__ = ["OFFLINE_DATASETS", "TORCHVISION_DATASETS", "ImageTensorDataset", "load_dataset"]
+
+OFFLINE_DATASETS = ("digits", "lfw_faces")
+TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "lfw")
+
+
+@dataclass
+class ImageTensorDataset(Dataset):
+    """Images ``(N, C, H, W)`` stored as uint8 or float in [0, 1], and integer labels ``(N,)``."""
+
+    images: Tensor
+    labels: Tensor
+    num_classes: int
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return _to_float(self.images[index]), self.labels[index]
+
+    def subset(self, indices: np.ndarray | Tensor) -> ImageTensorDataset:
+        """A new dataset holding the given rows (no copy of unrelated rows)."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return ImageTensorDataset(self.images[idx], self.labels[idx], self.num_classes)
+
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        """All images as float in [0, 1] and all labels."""
+        return _to_float(self.images), self.labels
+
+
+def _to_float(images: Tensor) -> Tensor:
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images
+
+
+def _resize(images: Tensor, image_size: int | None) -> Tensor:
+    if image_size is None or (images.shape[-1] == image_size and images.shape[-2] == image_size):
+        return images
+    resized = F.interpolate(_to_float(images), size=(image_size, image_size), mode="bilinear", align_corners=False)
+    return resized.clamp_(0.0, 1.0)
+
+
+def _set_channels(images: Tensor, channels: int | None) -> Tensor:
+    if channels is None or images.shape[1] == channels:
+        return images
+    if images.shape[1] == 1 and channels == 3:
+        return images.expand(-1, 3, -1, -1).contiguous()
+    if images.shape[1] == 3 and channels == 1:
+        return _to_float(images).mean(dim=1, keepdim=True)
+    raise ValueError(f"data.channels={channels}: cannot convert {images.shape[1]}-channel images; use 1 or 3.")
+
+
+def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    test = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        test.extend(idx[: max(1, round(len(idx) * test_fraction))].tolist())
+    test_idx = np.sort(np.asarray(test))
+    return np.setdiff1d(np.arange(len(labels)), test_idx), test_idx
+
+
+def _digits() -> tuple[Tensor, Tensor, int]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    return images, torch.tensor(bunch.target, dtype=torch.long), 10
+
+
+def _lfw_faces() -> tuple[Tensor, Tensor, int]:
+    from skimage import data
+
+    images = torch.tensor(np.asarray(data.lfw_subset()), dtype=torch.float32).unsqueeze(1)
+    images = (images - images.min()) / (images.max() - images.min())
+    labels = torch.cat([torch.zeros(100), torch.ones(100)]).long()  # 0 = face, 1 = non-face crop
+    return images, labels, 2
+
+
+def _torchvision(name: str, root: str | None, train: bool, download: bool) -> tuple[Tensor, Tensor, int]:
+    from torchvision import datasets
+
+    if root is None:
+        root = str(Path.home() / ".cache" / "lightning_fl" / "data")
+    try:
+        if name == "lfw":
+            ds = datasets.LFWPeople(root, split="train" if train else "test", download=download)
+            images = np.stack([np.asarray(img.convert("RGB")) for img, _ in ds])
+            labels = np.asarray([t for _, t in ds])
+            return torch.tensor(images).permute(0, 3, 1, 2), torch.tensor(labels).long(), len(ds.class_to_idx)
+        cls = {
+            "mnist": datasets.MNIST,
+            "fashion_mnist": datasets.FashionMNIST,
+            "cifar10": datasets.CIFAR10,
+            "cifar100": datasets.CIFAR100,
+        }[name]
+        ds = cls(root, train=train, download=download)
+    except Exception as err:  # torchvision raises RuntimeError, URLError or OSError when offline
+        raise RuntimeError(
+            f"data.dataset={name!r} could not be loaded from data.root={root!r} ({type(err).__name__}: {err}). "
+            f"Without a network, place the torchvision files for {name!r} under data.root, or use an "
+            f"offline dataset: {', '.join(OFFLINE_DATASETS)}."
+        ) from err
+    images = torch.as_tensor(np.asarray(ds.data))
+    images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
+    return images.contiguous(), torch.as_tensor(np.asarray(ds.targets)).long(), len(ds.classes)
+
+
+def _image_folder(path: str) -> tuple[Tensor, Tensor, int]:
+    from torchvision import datasets, transforms
+
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"data.dataset={path!r} is neither a known dataset ({', '.join(OFFLINE_DATASETS + TORCHVISION_DATASETS)}) "
+            "nor an existing ImageFolder directory; fix the name or the path."
+        )
+    ds = datasets.ImageFolder(path, transform=transforms.PILToTensor())
+    if len(ds) == 0:
+        raise ValueError(f"data.dataset={path!r} holds no images in class sub-folders (ImageFolder layout).")
+    sizes = {tuple(ds[i][0].shape) for i in range(min(len(ds), 64))}
+    if len(sizes) > 1:
+        resize = transforms.Compose([transforms.Resize((64, 64)), transforms.PILToTensor()])
+        ds = datasets.ImageFolder(path, transform=resize)
+    images = torch.stack([ds[i][0] for i in range(len(ds))])
+    return images, torch.tensor(ds.targets).long(), len(ds.classes)
+
+
+def load_dataset(
+    name: str,
+    *,
+    train: bool,
+    root: str | None = None,
+    image_size: int | None = 32,
+    channels: int | None = None,
+    download: bool = True,
+    split_seed: int = 0,
+    test_fraction: float = 0.2,
+) -> ImageTensorDataset:
+    """Load a dataset by name (or ImageFolder path) as an :class:`ImageTensorDataset`.
+
+    Args:
+        name: ``digits``, ``lfw_faces``, a torchvision name (``mnist``, ``fashion_mnist``, ``cifar10``,
+            ``cifar100``, ``lfw``) or a directory in ImageFolder layout.
+        train: the training split if true, else the test split. Datasets without an official split
+            (``digits``, ``lfw_faces``, ImageFolder) are split per class with ``test_fraction``.
+        root: where torchvision datasets live (default ``~/.cache/lightning_fl/data``).
+        image_size: side length to resize to (bilinear); ``None`` keeps the native size.
+        channels: 1 or 3 to convert; ``None`` keeps the native channel count.
+        download: let torchvision download when the files are missing.
+        split_seed: seed of the per-class train/test split for datasets without an official one.
+        test_fraction: share of each class held out for testing for those datasets.
+
+    Example:
+        >>> ds = load_dataset("digits", train=False, image_size=16)
+        >>> tuple(ds.images.shape), ds.num_classes
+        ((360, 1, 16, 16), 10)
+    """
+    if name in TORCHVISION_DATASETS:
+        images, labels, num_classes = _torchvision(name, root, train, download)
+    else:
+        images, labels, num_classes = {"digits": _digits, "lfw_faces": _lfw_faces}.get(
+            name, lambda: _image_folder(name)
+        )()
+        train_idx, test_idx = _stratified_split(labels.numpy(), test_fraction, split_seed)
+        keep = torch.as_tensor(train_idx if train else test_idx)
+        images, labels = images[keep], labels[keep]
+    images = _set_channels(_resize(images, image_size), channels)
+    return ImageTensorDataset(images.contiguous(), labels, num_classes)

@@ -1,0 +1,3 @@
+"""Privacy mechanisms, clipping and accounting shared by the DP defences."""
+
+__all__: list[str] = []

@@ -1,0 +1,57 @@
+"""The update-transform chain: small protocols by which DP, pruning and HE defences plug into the loop.
+
+* :class:`ClientTransform` runs on the client after local training, on the :class:`ClientUpdate` it is about
+  to send (clip, noise, prune, encrypt). What comes out is what the server receives (the type-1 leak point).
+* :class:`ServerTransform` runs on the server on the aggregate delta (server-side noise, public-data
+  fine-tuning). What comes out is what is broadcast (the type-0 leak point).
+* :class:`BroadcastTransform` runs on the public global state the server sends to one client (2DP-FL's
+  per-client noise on the global model).
+
+Transforms are applied in list order. Each may keep state across rounds (an accountant) through
+``state_dict``/``load_state_dict``, which the loop checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from lightning_fl.messages import ClientUpdate
+
+if TYPE_CHECKING:
+    from lightning_fl.loop import FederatedLoop
+
+__all__ = ["BroadcastTransform", "ClientTransform", "ServerTransform"]
+
+
+class _Stateful:
+    def setup(self, loop: FederatedLoop) -> None:
+        """Called once before the first round."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class ClientTransform(_Stateful):
+    """Client-side: transform the update a client is about to send."""
+
+    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(update, loop=...).")
+
+
+class ServerTransform(_Stateful):
+    """Server-side: transform the aggregate delta before it is added to the global model."""
+
+    def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(delta, loop=...).")
+
+
+class BroadcastTransform(_Stateful):
+    """Server-side: transform the public global state sent to one client."""
+
+    def __call__(self, state: dict[str, Tensor], *, client_id: int, loop: FederatedLoop) -> dict[str, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(state, client_id=..., loop=...).")
