@@ -11,6 +11,7 @@ generator, so a run resumed from the checkpoint of round r continues exactly as 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -18,7 +19,7 @@ import logging
 import math
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +66,29 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """Silence the per-fit chatter of client Trainers (info lines, data-loader and pytree warnings)."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for message in (
+                ".*does not have many workers.*",
+                ".*number of training batches.*",
+                ".*but have no `val_dataloader`.*",
+                ".*LeafSpec.*",
+                ".*GPU available but not used.*",
+            ):
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def _overrides(callback: object, hook: str) -> bool:
@@ -163,6 +187,7 @@ class FederatedLoop:
             raise ValueError(f"loop.eval_every={eval_every} must be >= 0.")
         if eval_on not in ("global", "clients"):
             raise ValueError(f"loop.eval_on={eval_on!r} is unknown; use 'global' or 'clients'.")
+        datamodule.setup()  # load and partition now, so data errors surface before any training
         self.num_clients = datamodule.num_clients
         self.clients_per_round = self._resolve_clients_per_round(clients_per_round, self.num_clients)
         if not 1 <= min_clients <= self.clients_per_round:
@@ -345,13 +370,12 @@ class FederatedLoop:
         fit_seed = self.round_seed("fit", client_id)
         _seed_all(fit_seed)
         callbacks = [*self.client_callbacks]
-        if self.wants_local_gradients():
+        # a DP callback whose optimiser noises inside its step releases the gradient itself (emits_local_gradient)
+        if self.wants_local_gradients() and not any(getattr(cb, "emits_local_gradient", False) for cb in callbacks):
             callbacks.append(_LocalGradientTap(self, client_id))
         trainer = self._make_trainer(callbacks)
         loader = self.datamodule.train_dataloader(client_id, seed=fit_seed)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*number of training batches.*")
+        with _quiet_lightning():
             trainer.fit(worker, train_dataloaders=loader)
         client.keep_private(worker)
         local = public_state(worker)
@@ -374,8 +398,10 @@ class FederatedLoop:
 
     def _validate(self, update: ClientUpdate, expected: dict[str, Tensor]) -> str | None:
         """Why ``update`` must be dropped, or None when it is sound."""
-        if update.payload is not None and not update.delta:
-            return None  # opaque payload (ciphertexts): the aggregator that understands it checks it
+        if update.payload is not None:
+            # an opaque payload (ciphertexts) carries the layers missing from delta; the aggregator that reads it
+            # checks it, here only the plaintext layers are
+            expected = {k: v for k, v in expected.items() if k in update.delta}
         if set(update.delta) != set(expected):
             missing, extra = (
                 sorted(set(expected) - set(update.delta)),
@@ -456,7 +482,10 @@ class FederatedLoop:
             )
         self.selector.observe(updates)
         global_state = self.global_public_state()
-        delta = self.aggregator.aggregate(updates, global_state=global_state)
+        aggregate = self.aggregator.aggregate(updates, global_state=global_state)
+        delta = self._decode_aggregate(aggregate)
+        # what the server itself can read: all of a plain aggregate, only the plaintext part of an encoded one
+        server_readable = delta if isinstance(aggregate, dict) else dict(getattr(aggregate, "plaintext", {}))
         for transform in self.server_transforms:
             delta = transform(delta, loop=self)
         bad = [k for k, v in delta.items() if not torch.isfinite(v).all()]
@@ -470,7 +499,7 @@ class FederatedLoop:
             view = ServerView(
                 leak_point="aggregate",
                 model=self.attacker_model(global_state),
-                tensors={k: v.detach().clone() for k, v in delta.items()},
+                tensors={k: v.detach().clone() for k, v in server_readable.items()},
                 kind="update",
                 metadata=self.public_metadata(
                     client_id=None,
@@ -498,12 +527,22 @@ class FederatedLoop:
         entry.update(self._round_metrics)
         return entry
 
+    def _decode_aggregate(self, aggregate: Any) -> dict[str, Tensor]:
+        """Client side: the client transforms, in reverse order, decode what the aggregator returned (decrypt)."""
+        for transform in reversed(self.client_transforms):
+            aggregate = transform.decode_aggregate(aggregate, loop=self)
+        if not isinstance(aggregate, dict):
+            raise TypeError(
+                f"loop.aggregator={type(self.aggregator).__name__} returned a {type(aggregate).__name__} that no "
+                "client transform decoded; add the matching client transform (e.g. PaillierEncryption)."
+            )
+        return aggregate
+
     # -- evaluation ----------------------------------------------------------------------------------------
     def _test(self, model: L.LightningModule) -> float:
-        if self._eval_trainer is None:
-            self._eval_trainer = L.Trainer(**self.trainer_options)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        with _quiet_lightning():
+            if self._eval_trainer is None:
+                self._eval_trainer = L.Trainer(**self.trainer_options)
             results = self._eval_trainer.test(model, dataloaders=self.datamodule.test_dataloader(), verbose=False)
         if self.eval_metric not in results[0]:
             raise KeyError(

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_fl.datamodules.datasets import ImageTensorDataset, load_dataset
-from lightning_fl.datamodules.partitioners import PartitionName, partition
+from lightning_fl.datamodules.partitioners import PARTITIONERS, PartitionName, partition
 from lightning_fl.messages import GroundTruth
 
 __all__ = ["FederatedDataModule"]
@@ -75,6 +75,12 @@ class FederatedDataModule:
             raise ValueError(f"data.batch_size={batch_size} and data.eval_batch_size must be >= 1.")
         if num_clients < 1:
             raise ValueError(f"data.num_clients={num_clients} must be >= 1.")
+        if partition not in PARTITIONERS:
+            raise ValueError(f"data.partition={partition!r} is unknown; use one of {sorted(PARTITIONERS)}.")
+        if partition == "dirichlet" and alpha <= 0:
+            raise ValueError(f"data.alpha={alpha} must be > 0 (the Dirichlet concentration; 0.5 is common).")
+        if partition == "shards" and shards_per_client < 1:
+            raise ValueError(f"data.shards_per_client={shards_per_client} must be >= 1.")
         self.dataset = dataset
         self.num_clients = num_clients
         self.partition = partition
