@@ -1,5 +1,22 @@
 """Gradient-leakage and model-inversion attacks; each runs standalone: ``attack.reconstruct(view)``."""
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
+from lightning_fl.attacks.dlg import DLGAttack
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, leaked_batch_size
+from lightning_fl.attacks.idlg import IDLGAttack
+from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
+from lightning_fl.attacks.labels import infer_labels
+from lightning_fl.attacks.metrics import score_reconstruction
 
-__all__ = ["GradientAttack", "IterationCallback", "Reconstruction"]
+__all__ = [
+    "DLGAttack",
+    "GradientAttack",
+    "GradientMatchingAttack",
+    "IDLGAttack",
+    "InvertingGradientsAttack",
+    "IterationCallback",
+    "Reconstruction",
+    "infer_labels",
+    "leaked_batch_size",
+    "score_reconstruction",
+]

@@ -1,0 +1,87 @@
+"""Inverting Gradients (Geiping, Bauermeister, Dröge, Moeller, NeurIPS 2020).
+
+Cosine gradient distance plus total variation (Eq. 4 of the paper), minimised over images boxed in [0, 1] with
+signed-gradient Adam and a step decay, from several random restarts that are run as one batched computation;
+the restart with the smallest final objective is kept. A preset of the shared
+:class:`~lightning_fl.attacks.gradient_matching.GradientMatchingAttack`.
+
+References:
+    Geiping et al. Inverting Gradients - How easy is it to break privacy in federated learning? NeurIPS 2020.
+    https://arxiv.org/abs/2003.14053
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName
+from lightning_fl.attacks.labels import LabelStrategy
+
+__all__ = ["InvertingGradientsAttack"]
+
+
+class InvertingGradientsAttack(GradientMatchingAttack):
+    r"""Inverting Gradients: :math:`\min_{x \in [0,1]^n} 1 - \cos(\nabla_\theta L(x, y), g) + \alpha\,TV(x)`.
+
+    Defaults follow the paper (Sec. 4) and its code (``inversefed``): Adam with step 0.1 on the *sign* of the
+    image gradient, projection onto [0, 1] after each step, step size times 0.1 at 3/8, 5/8 and 7/8 of the
+    iterations, N(0, 1) start, labels inferred analytically (the code's iDLG rule for one image; the paper
+    assumes known labels). Inferred: ``tv_weight=1e-4`` (the paper tunes it per setting; ``inversefed``'s
+    default config has 1e-1, the thesis' FedKL runs 1e-6); ``max_iterations=4800`` (the code's default; the
+    paper's ImageNet runs use 24 000). Deviation: 4 restarts by default where the code's default is 1, since
+    batched restarts cost little more than one (docs/performance.md).
+
+    Args:
+        max_iterations: Adam steps per restart.
+        lr: Adam step size before decay.
+        restarts: random starts run together; the best final objective wins.
+        tv_weight: total-variation weight :math:`\alpha`.
+        label_strategy: rule of :func:`~lightning_fl.attacks.labels.infer_labels`.
+        init: starting images.
+        signed: use the sign of the image gradient.
+        boxed: project onto [0, 1] after every step.
+        lr_decay: the 3/8, 5/8, 7/8 step decay.
+        layers: ``fnmatch`` patterns of matched parameters; ``None``: all.
+        progress_bar: show a rich progress bar.
+        seed: seed of the starting images.
+
+    Example:
+        >>> InvertingGradientsAttack(restarts=2).regularisers
+        [TotalVariation(weight=0.0001)]
+    """
+
+    name = "inverting_gradients"
+
+    def __init__(
+        self,
+        *,
+        max_iterations: int = 4800,
+        lr: float = 0.1,
+        restarts: int = 4,
+        tv_weight: float = 1e-4,
+        label_strategy: LabelStrategy = "idlg",
+        init: InitName = "randn",
+        signed: bool = True,
+        boxed: bool = True,
+        lr_decay: bool = True,
+        layers: Sequence[str] | None = None,
+        progress_bar: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            distance="cosine",
+            optimizer="adam",
+            lr=lr,
+            max_iterations=max_iterations,
+            restarts=restarts,
+            labels="infer",
+            label_strategy=label_strategy,
+            init=init,
+            tv_weight=tv_weight,
+            signed=signed,
+            boxed=boxed,
+            lr_decay=lr_decay,
+            layers=layers,
+            progress_bar=progress_bar,
+            seed=seed,
+        )

@@ -1,0 +1,93 @@
+"""What a client's training step would send for candidate data: one gradient, or a simulated multi-step update.
+
+Functional (``torch.func``) so the attacks can differentiate through it and ``vmap`` it over restarts. A FedAvg
+client update after T local SGD steps is :math:`\\Delta\\theta = \\theta_T - \\theta_0` with
+:math:`\\theta_{t+1} = \\theta_t - \\eta \\nabla_\\theta L(x_t, y_t; \\theta_t)`; the attack simulates these steps
+on its candidate batch, as breaching's local-update user does (Geiping et al.'s ``FedAvgReconstructor`` too), and
+compares *pseudo-gradients* :math:`-\\Delta\\theta / \\eta`, which for T = 1 is exactly the gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad
+
+__all__ = ["parameter_gradient", "simulated_pseudo_gradient", "soft_cross_entropy"]
+
+
+def soft_cross_entropy(logits: Tensor, probabilities: Tensor) -> Tensor:
+    r"""Mean cross-entropy against soft labels, :math:`-\frac{1}{B}\sum_b \sum_c y_{b,c} \log \mathrm{softmax}(z_b)_c`.
+
+    DLG's ``cross_entropy_for_onehot`` (Zhu et al., 2019); with one-hot labels it equals ``F.cross_entropy``.
+
+    Example:
+        >>> logits = torch.tensor([[2.0, 0.0]])
+        >>> soft = soft_cross_entropy(logits, torch.tensor([[1.0, 0.0]]))
+        >>> torch.allclose(soft, F.cross_entropy(logits, torch.tensor([0])))
+        True
+    """
+    return torch.mean(torch.sum(-probabilities * F.log_softmax(logits, dim=-1), dim=-1))
+
+
+def parameter_gradient(
+    model: nn.Module, params: dict[str, Tensor], frozen: dict[str, Tensor], images: Tensor, probabilities: Tensor
+) -> dict[str, Tensor]:
+    """Gradient of the client's loss with respect to ``params`` (other parameters and buffers in ``frozen``).
+
+    Differentiable in ``images`` and ``probabilities`` (create-graph semantics via ``torch.func.grad``).
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> g = parameter_gradient(net, params, {}, torch.ones(1, 3), torch.tensor([[1.0, 0.0]]))
+        >>> sorted(g), g["weight"].shape
+        (['bias', 'weight'], torch.Size([2, 3]))
+    """
+
+    def loss(p: dict[str, Tensor]) -> Tensor:
+        return soft_cross_entropy(functional_call(model, {**frozen, **p}, (images,)), probabilities)
+
+    return grad(loss)(params)
+
+
+def simulated_pseudo_gradient(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    frozen: dict[str, Tensor],
+    images: Tensor,
+    probabilities: Tensor,
+    *,
+    local_steps: int,
+    lr: float,
+    data_per_step: int,
+) -> dict[str, Tensor]:
+    r"""Pseudo-gradient :math:`-(\theta_T - \theta_0)/\eta` of ``local_steps`` simulated SGD steps on the candidates.
+
+    Step t uses candidates ``[t * data_per_step, (t + 1) * data_per_step)`` modulo their number, so T steps over
+    n candidates revisit them like local epochs do (breaching's ``_grad_fn_multi_step``). Inferred: the client's
+    optimiser is plain SGD with constant step :math:`\eta` (the FedAvg local update); the shuffle order of a real
+    client is unknown and not modelled. For ``local_steps=1`` this is :func:`parameter_gradient`.
+
+    Example:
+        >>> net = nn.Linear(3, 2)
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> x, y = torch.ones(1, 3), torch.tensor([[0.0, 1.0]])
+        >>> one = simulated_pseudo_gradient(net, params, {}, x, y, local_steps=1, lr=0.1, data_per_step=1)
+        >>> torch.allclose(one["weight"], parameter_gradient(net, params, {}, x, y)["weight"])
+        True
+    """
+    if local_steps < 1:
+        raise ValueError(f"local_steps={local_steps} must be >= 1.")
+    if local_steps == 1:
+        return parameter_gradient(model, params, frozen, images, probabilities)
+    if lr is None or lr <= 0:
+        raise ValueError(f"simulating {local_steps} local steps needs the client's learning rate, got lr={lr}.")
+    current = params
+    count = images.shape[0]
+    for step in range(local_steps):
+        index = (torch.arange(data_per_step) + step * data_per_step) % count
+        gradient = parameter_gradient(model, current, frozen, images[index], probabilities[index])
+        current = {k: current[k] - lr * gradient[k] for k in current}
+    return {k: (params[k] - current[k]) / lr for k in params}
