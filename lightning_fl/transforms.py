@@ -42,6 +42,15 @@ class ClientTransform(_Stateful):
     def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(update, loop=...).")
 
+    def decode_aggregate(self, aggregate: Any, *, loop: FederatedLoop) -> Any:
+        """Client-side, after aggregation: undo this transform's encoding on what the server returns.
+
+        The loop applies it in reverse chain order to the aggregator's result, which must end as a dict of
+        tensors (e.g. Paillier ciphertexts are decrypted here, by a client, with the client's key). The
+        default passes the aggregate through.
+        """
+        return aggregate
+
 
 class ServerTransform(_Stateful):
     """Server-side: transform the aggregate delta before it is added to the global model."""
