@@ -1,0 +1,228 @@
+r"""FedKL key-lock module: a normalisation whose scale and shift come from a private key through private locks.
+
+Implements the key-lock module of FedKL (Ren, "Gradient Leakage and Protection for Federated Learning", PhD
+thesis, Swansea 2023, ch. 5, Sec. 5.2.3, Fig. 5.2 and Proposition 2):
+
+.. math::
+
+    F(X_{conv}, X_{key}) = \gamma \odot \hat X_{conv} + \beta, \qquad
+    \gamma = X_{key} W_{lock\text{-}\gamma} + b_{lock\text{-}\gamma}, \quad
+    \beta = X_{key} W_{lock\text{-}\beta} + b_{lock\text{-}\beta},
+
+with :math:`X_{key} \in \mathbb{R}^S` a private key (S = 1024) and :math:`\hat X_{conv}` the normalised
+convolution output. The key and the two lock layers are private (see :mod:`lightning_fl.private`): they never
+leave the client, the global model never contains the client's versions, and each client re-attaches its own
+lock to every new global model. Without the key, Eq. (5.24)-(5.26) cannot be evaluated from the shared
+gradient (Proposition 2), so gradient-matching attacks reconstruct noise.
+
+References:
+    Thesis text: seed 003, ch. 5 (spec_003.md Sec. 3). Reference code: Rand2AI/FedKL (``Defense_block``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["KeyLock", "KeyLockNorm2d", "KeyLocks", "LockActivation", "add_keylock", "lock_parameter_share"]
+
+LockActivation = Literal["none", "relu", "sigmoid"]
+"""Activation on :math:`\\gamma, \\beta`: ``none`` is the thesis formula; the reference code applies ``relu`` in its
+training networks (Tables 5.1, 5.3) and ``sigmoid`` in its attack networks (Tables 5.4-5.6)."""
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"none": nn.Identity, "relu": nn.ReLU, "sigmoid": nn.Sigmoid}
+
+
+class KeyLock(nn.Module):
+    """The private part of a key-lock module: the key sequence and the two lock layers (``scale_fc``, ``shift_fc``).
+
+    ``fl_private = True``: the key, the lock weights and their gradients stay on the client. :meth:`reset_private`
+    draws the client's own key; the lock layers start from the common initialisation and train locally.
+
+    Inferred (spec G21, reference code): keys are i.i.d. U[0, 1), drawn once per client and fixed for the run.
+    The same key feeds both lock layers (reference code: ``forward(x, key, key)``).
+
+    Args:
+        num_features: channels O of the normalised feature map (the length of :math:`\\gamma, \\beta`).
+        key_length: key length S (the thesis uses 1024, Sec. 5.3.1).
+        lock_act: activation on :math:`\\gamma, \\beta` (see :data:`LockActivation`).
+
+    Example:
+        >>> lock = KeyLock(4, key_length=8)
+        >>> [t.shape for t in lock()]
+        [torch.Size([4]), torch.Size([4])]
+    """
+
+    fl_private = True
+
+    def __init__(self, num_features: int, *, key_length: int = 1024, lock_act: LockActivation = "relu") -> None:
+        super().__init__()
+        if num_features < 1:
+            raise ValueError(f"KeyLock(num_features={num_features}) must be >= 1.")
+        if key_length < 1:
+            raise ValueError(f"KeyLock(key_length={key_length}) must be >= 1; the thesis uses 1024.")
+        if lock_act not in _ACTIVATIONS:
+            raise ValueError(f"KeyLock(lock_act={lock_act!r}) is unknown; use one of {sorted(_ACTIVATIONS)}.")
+        self.lock_act = lock_act
+        self.register_buffer("key", torch.rand(key_length))
+        self.scale_fc = nn.Linear(key_length, num_features)
+        self.shift_fc = nn.Linear(key_length, num_features)
+        self.activation = _ACTIVATIONS[lock_act]()
+
+    def reset_private(self, generator: torch.Generator) -> None:
+        """Draw this client's secret key from ``generator``."""
+        with torch.no_grad():
+            self.key.copy_(torch.rand(self.key.shape, generator=generator).to(self.key.device))
+
+    def forward(self) -> tuple[Tensor, Tensor]:
+        """:math:`(\\gamma, \\beta)`, each of shape ``(O,)``."""
+        return self.activation(self.scale_fc(self.key)), self.activation(self.shift_fc(self.key))
+
+
+class KeyLockNorm2d(nn.Module):
+    r"""Batch normalisation without its own affine, scaled and shifted by a private key-lock (FedKL).
+
+    A drop-in for ``nn.BatchNorm2d`` after the convolution of a conv-norm block:
+    :math:`\gamma \odot \mathrm{BN}_{\text{affine=False}}(x) + \beta`, with :math:`\gamma, \beta` from
+    :class:`KeyLock`. The normalisation (its running statistics) is public and averaged like any other
+    buffer; the key and the locks (``lock``) are private.
+
+    Inferred (spec G20, reference code): the thesis formula omits the normalisation but the text replaces "the
+    scale and shift processes in the normalisation layer"; the reference ``Defense_block`` uses
+    ``BatchNorm2d(affine=False)``, and so do we.
+
+    Args:
+        num_features: channels O.
+        key_length: key length S.
+        lock_act: activation on :math:`\gamma, \beta` (see :data:`LockActivation`).
+        eps: ``BatchNorm2d`` eps.
+        momentum: ``BatchNorm2d`` momentum of the running statistics.
+
+    Example:
+        >>> layer = KeyLockNorm2d(12, key_length=16)
+        >>> layer(torch.rand(2, 12, 8, 8)).shape
+        torch.Size([2, 12, 8, 8])
+        >>> sorted(k for k in layer.state_dict() if k.startswith("lock."))
+        ['lock.key', 'lock.scale_fc.bias', 'lock.scale_fc.weight', 'lock.shift_fc.bias', 'lock.shift_fc.weight']
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        key_length: int = 1024,
+        lock_act: LockActivation = "relu",
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm2d(num_features, eps=eps, momentum=momentum, affine=False)
+        self.lock = KeyLock(num_features, key_length=key_length, lock_act=lock_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gamma, beta = self.lock()
+        return gamma.view(1, -1, 1, 1) * self.norm(x) + beta.view(1, -1, 1, 1)
+
+
+def _first_conv_name(model: nn.Module) -> str:
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return name
+    raise ValueError(f"{type(model).__name__} has no nn.Conv2d to key-lock.")
+
+
+def add_keylock(
+    model: nn.Module,
+    *,
+    conv: str | None = None,
+    key_length: int = 1024,
+    lock_act: LockActivation = "relu",
+) -> nn.Module:
+    """Retrofit FedKL: key-lock the conv-norm block of ``conv`` (the first convolution by default).
+
+    When the module registered right after ``conv`` in the same parent is a ``BatchNorm2d`` (ResNets), it is
+    replaced by a :class:`KeyLockNorm2d`; otherwise (the sigmoid LeNet, torchvision's VGG-16) ``conv`` is
+    replaced by ``nn.Sequential(conv, KeyLockNorm2d)``, which adds the normalisation the block lacked, as the
+    thesis' key-locked LeNet does (spec Sec. 3.5). The thesis locks only the first block (Sec. 5.3.1). The
+    model is changed in place and returned.
+
+    Args:
+        model: any module, e.g. an :class:`~lightning_fl.models.ImageClassifier`.
+        conv: dotted name of the convolution whose block is locked; ``None`` for the first ``nn.Conv2d``.
+        key_length: key length S (1024 in the thesis).
+        lock_act: activation on :math:`\\gamma, \\beta` (see :data:`LockActivation`).
+
+    Raises:
+        ValueError: if ``conv`` is not the name of an ``nn.Conv2d`` of ``model``.
+
+    Example:
+        >>> from lightning_fl.models import resnet20
+        >>> net = add_keylock(resnet20(num_classes=100))
+        >>> type(net.bn1).__name__, round(100 * lock_parameter_share(net), 2)
+        ('KeyLockNorm2d', 10.49)
+    """
+    name = _first_conv_name(model) if conv is None else conv
+    target = dict(model.named_modules()).get(name)
+    if not isinstance(target, nn.Conv2d):
+        raise ValueError(f"add_keylock(conv={name!r}) is not an nn.Conv2d of {type(model).__name__}.")
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    siblings = list(parent.named_children())
+    position = [n for n, _ in siblings].index(child)
+    follower = siblings[position + 1] if position + 1 < len(siblings) else None
+    if follower is not None and isinstance(follower[1], nn.BatchNorm2d):
+        bn = follower[1]
+        lock = KeyLockNorm2d(
+            bn.num_features, key_length=key_length, lock_act=lock_act, eps=bn.eps, momentum=bn.momentum or 0.1
+        )
+        setattr(parent, follower[0], lock.to(target.weight.device))
+    else:
+        lock = KeyLockNorm2d(target.out_channels, key_length=key_length, lock_act=lock_act)
+        setattr(parent, child, nn.Sequential(target, lock.to(target.weight.device)))
+    return model
+
+
+def lock_parameter_share(model: nn.Module) -> float:
+    """Share of ``model``'s state held by its lock layers, as in the thesis' Table 5.3.
+
+    The thesis' definition (spec Sec. 3.5, reference code): elements of all ``scale_fc`` and ``shift_fc``
+    tensors (weights and biases) divided by the elements of the whole ``state_dict``, batch-norm buffers
+    included and keys excluded (the reference code passes the key to ``forward`` instead of storing it).
+
+    Raises:
+        ValueError: if ``model`` has no :class:`KeyLock`.
+
+    Example:
+        >>> round(lock_parameter_share(nn.Sequential(nn.Conv2d(1, 2, 1), KeyLockNorm2d(2, key_length=4))), 3)
+        0.69
+    """
+    locks = [m for m in model.modules() if isinstance(m, KeyLock)]
+    if not locks:
+        raise ValueError(f"{type(model).__name__} has no KeyLock; retrofit one with add_keylock(model).")
+    locked = sum(p.numel() for lock in locks for fc in (lock.scale_fc, lock.shift_fc) for p in fc.parameters())
+    keys = sum(lock.key.numel() for lock in locks)
+    return locked / (sum(t.numel() for t in model.state_dict().values()) - keys)
+
+
+class KeyLocks:
+    """FedKL as a model defence: ``KeyLocks()(model)`` calls :func:`add_keylock`.
+
+    Use it in :class:`~lightning_fl.defences.DefendedClassifier` (and YAML configs) to retrofit a backbone.
+
+    Args:
+        conv: dotted name of the convolution whose conv-norm block is locked; ``None`` for the first one.
+        key_length: key length S (1024 in the thesis).
+        lock_act: activation on the lock outputs: ``relu`` (reference training networks), ``sigmoid``
+            (reference attack networks) or ``none`` (the thesis formula).
+    """
+
+    def __init__(self, conv: str | None = None, *, key_length: int = 1024, lock_act: LockActivation = "relu") -> None:
+        self.conv, self.key_length, self.lock_act = conv, key_length, lock_act
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        return add_keylock(model, conv=self.conv, key_length=self.key_length, lock_act=self.lock_act)
+
+    def __repr__(self) -> str:
+        return f"KeyLocks(conv={self.conv!r}, key_length={self.key_length}, lock_act={self.lock_act!r})"
