@@ -1,3 +1,29 @@
 """Privacy mechanisms, clipping and accounting shared by the DP defences."""
 
-__all__: list[str] = []
+from lightning_fl.privacy.accounting import (
+    TF_PRIVACY_ORDERS,
+    PrivacyAccountant,
+    PrivacyLedger,
+    PureDPAccountant,
+    calibrate_noise_multiplier,
+    classic_rdp_epsilon,
+)
+from lightning_fl.privacy.clipping import clip_per_tensor, clip_state, clip_update, state_norm
+from lightning_fl.privacy.mechanisms import gaussian_noise, laplace_noise
+from lightning_fl.privacy.schedules import Schedule
+
+__all__ = [
+    "TF_PRIVACY_ORDERS",
+    "PrivacyAccountant",
+    "PrivacyLedger",
+    "PureDPAccountant",
+    "Schedule",
+    "calibrate_noise_multiplier",
+    "classic_rdp_epsilon",
+    "clip_per_tensor",
+    "clip_state",
+    "clip_update",
+    "gaussian_noise",
+    "laplace_noise",
+    "state_norm",
+]

@@ -1,0 +1,98 @@
+"""Stop federated training before a privacy budget epsilon would be exceeded."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.privacy.accounting import PrivacyLedger
+
+if TYPE_CHECKING:
+    from lightning_fl.loop import FederatedLoop
+
+__all__ = ["PrivacyBudget"]
+
+log = logging.getLogger(__name__)
+
+
+class PrivacyBudget(FederatedCallback):
+    r"""Stop the loop so that the spent epsilon never exceeds ``target_epsilon``.
+
+    After each round it asks every privacy-spending component of the loop (each
+    :class:`~lightning_fl.privacy.PrivacyLedger`: :class:`~lightning_fl.defences.FedCDP`,
+    :class:`~lightning_fl.defences.FedSDP`, :class:`~lightning_fl.defences.PoGZNoise`, ...) what one more round
+    would cost, in the worst case (every client selected), and stops the loop (``loop.request_stop``) when that
+    would exceed the budget: training stops when the budget is spent, never after, as 2DP-FL requires
+    (Xiong et al., IEEE TII 2021, Fig. 6(b)). Several ledgers compose by basic composition (their epsilons add).
+    The stop reason is logged and written to ``summary.json["stop_reason"]``.
+
+    Args:
+        target_epsilon: the budget.
+
+    Raises:
+        ValueError: if ``target_epsilon`` is not positive; at the start of training if the loop has no ledger
+            or not even one round fits in the budget.
+
+    Example:
+        >>> PrivacyBudget(target_epsilon=20.0).target_epsilon
+        20.0
+    """
+
+    def __init__(self, target_epsilon: float) -> None:
+        if target_epsilon <= 0:
+            raise ValueError(f"PrivacyBudget(target_epsilon={target_epsilon}) must be > 0.")
+        self.target_epsilon = float(target_epsilon)
+        self.stopped_at: int | None = None
+
+    @staticmethod
+    def ledgers(loop: FederatedLoop) -> list[PrivacyLedger]:
+        """The loop's privacy-spending components."""
+        parts = [*loop.callbacks, *loop.client_transforms, *loop.server_transforms, *loop.broadcast_transforms]
+        return [p for p in parts if isinstance(p, PrivacyLedger)]
+
+    @override
+    def on_fit_start(self, loop: FederatedLoop) -> None:
+        ledgers = self.ledgers(loop)
+        if not ledgers:
+            raise ValueError(
+                "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
+                "DualDP) to loop.callbacks or the transforms."
+            )
+        first = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        if loop.round_idx < loop.num_rounds and first > self.target_epsilon:
+            raise ValueError(
+                f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "
+                f"epsilon={first:.4g}; raise the budget or the noise."
+            )
+
+    @override
+    def on_round_end(self, loop: FederatedLoop, round_idx: int, metrics: dict[str, Any]) -> None:
+        should_stop, reason = self._evaluate_stopping_criteria(loop, round_idx)
+        if should_stop:
+            self.stopped_at = round_idx
+            log.warning(reason)
+            loop.request_stop(reason)
+
+    def _evaluate_stopping_criteria(self, loop: FederatedLoop, round_idx: int) -> tuple[bool, str]:
+        if round_idx + 1 >= loop.num_rounds:
+            return False, ""
+        ledgers = self.ledgers(loop)
+        spent = sum(ledger.epsilon_spent() for ledger in ledgers)
+        projected = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        if projected <= self.target_epsilon:
+            return False, ""
+        return True, (
+            f"privacy budget reached: epsilon={spent:.4g} spent after round {round_idx} and round {round_idx + 1} "
+            f"would reach {projected:.4g} > target_epsilon={self.target_epsilon}"
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"stopped_at": self.stopped_at}
+
+    @override
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stopped_at = state["stopped_at"]

@@ -1,0 +1,57 @@
+"""DPFL's global update (Alg. 3, line 9), in the paper's literal form or as plain FedAvg."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_fl.messages import ClientUpdate
+from lightning_fl.server import Aggregator, weighted_average
+
+if TYPE_CHECKING:
+    from lightning_fl.loop import FederatedLoop
+
+__all__ = ["DPFLAggregator"]
+
+
+class DPFLAggregator(Aggregator):
+    r"""DPFL's aggregation (Zhu et al., IEEE IoT-J 2021, Alg. 3 line 9), faithful or as FedAvg.
+
+    ``form="faithful"`` (default, the formula as printed):
+    :math:`w^{(t+1)} = w^{(t)} - \eta\sum_{k\in S^{(t)}} \frac{n_k}{n}\hat{\nabla g}_k^{(t)}` with
+    :math:`\hat{\nabla g}_k = w^{(t)} - w_k` (minus the client delta) and :math:`n = \sum_{k=1}^{K} n_k` over *all*
+    clients, so each round moves the model by about :math:`\eta\lambda` of a FedAvg step (spec A.2.5).
+    ``form="fedavg"`` (sound): :math:`w^{(t+1)} = w^{(t)} + \sum_{k\in S}\frac{n_k}{\sum_{j\in S} n_j}\Delta_k`.
+
+    Args:
+        form: ``faithful`` or ``fedavg``.
+        server_lr: :math:`\eta` of the faithful form; ``None`` takes the clients' learning rate from the updates.
+
+    Raises:
+        ValueError: on an unknown form.
+    """
+
+    def __init__(self, *, form: Literal["faithful", "fedavg"] = "faithful", server_lr: float | None = None) -> None:
+        if form not in ("faithful", "fedavg"):
+            raise ValueError(f"DPFLAggregator(form={form!r}) is unknown; use 'faithful' or 'fedavg'.")
+        self.form, self.server_lr = form, server_lr
+        self.total_samples = 0
+
+    @override
+    def setup(self, loop: FederatedLoop) -> None:
+        self.total_samples = sum(loop.datamodule.num_train_samples(k) for k in range(loop.num_clients))
+
+    @override
+    def aggregate(self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self.form == "fedavg":
+            return weighted_average([u.delta for u in updates], [u.num_samples for u in updates])
+        eta = self.server_lr if self.server_lr is not None else updates[0].metadata.get("lr")
+        if eta is None or self.total_samples <= 0:
+            raise ValueError("DPFLAggregator(form='faithful') needs setup(loop) and eta: set server_lr=... .")
+        return {
+            key: sum(u.delta[key] * (eta * u.num_samples / self.total_samples) for u in updates)
+            for key in updates[0].delta
+        }
