@@ -1,0 +1,136 @@
+"""FederatedLoop against a minimal hand-written PyTorch FedAvg loop doing the same work, in one run.
+
+Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected clients, Adam lr 2e-3,
+3 local epochs, batch 32, global test evaluation every round. Prints the wall time of each and the ratio,
+and where the extra time of the Lightning loop goes (Trainer construction, fit, evaluation).
+
+    .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl.loop import _seed_all
+
+
+def build(dm: FederatedDataModule) -> ImageClassifier:
+    torch.manual_seed(0)
+    mean, std = dm.input_stats
+    return ImageClassifier("lenet_dlg", num_classes=10, in_channels=1, input_mean=mean, input_std=std, lr=2e-3)
+
+
+def run_lightning(dm: FederatedDataModule, rounds: int, out: str) -> tuple[float, float, dict[str, float]]:
+    loop = FederatedLoop(
+        build(dm),
+        dm,
+        num_rounds=rounds,
+        clients_per_round=5,
+        local_epochs=3,
+        output_dir=out,
+        progress_bar=False,
+        checkpoint=False,
+    )
+    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0}
+    make, fit_client, evaluate = loop._make_trainer, loop.fit_client, loop.evaluate
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[name] += time.perf_counter() - start
+
+        return wrapper
+
+    loop._make_trainer, loop.fit_client, loop.evaluate = (
+        timed("trainer_init", make),
+        timed("fit", fit_client),
+        timed("evaluate", evaluate),
+    )
+    start = time.perf_counter()
+    summary = loop.fit()
+    total = time.perf_counter() - start
+    parts["fit"] -= parts["trainer_init"]
+    return total, summary["test_accuracy"], parts
+
+
+def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -> tuple[float, float]:
+    """The loop as a bare PyTorch script writes it (one model reused, fresh Adam per client fit)."""
+    model = build(dm)
+    local = copy.deepcopy(model)
+    start = time.perf_counter()
+    for round_idx in range(rounds):
+        global_state = {k: v.clone() for k, v in model.state_dict().items()}
+        deltas, weights = [], []
+        for client in schedule[round_idx]:
+            local.load_state_dict(global_state)
+            seed = FederatedLoop.round_seed.__get__(_RoundSeed(round_idx))("fit", client)
+            _seed_all(seed)
+            optimizer = torch.optim.Adam(local.parameters(), lr=2e-3)
+            local.train()
+            loader = dm.train_dataloader(client, seed=seed)
+            for _ in range(3):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    F.cross_entropy(local(x), y).backward()
+                    optimizer.step()
+            deltas.append({k: local.state_dict()[k] - global_state[k] for k in global_state})
+            weights.append(dm.num_train_samples(client))
+        total = sum(weights)
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                v.add_(sum(d[k] * (w / total) for d, w in zip(deltas, weights, strict=True)))
+        model.eval()
+        correct = n = 0
+        with torch.no_grad():
+            for x, y in dm.test_dataloader():
+                correct += (model(x).argmax(1) == y).sum().item()
+                n += len(y)
+        accuracy = correct / n
+    return time.perf_counter() - start, accuracy
+
+
+class _RoundSeed:
+    def __init__(self, round_idx: int) -> None:
+        self.seed, self.round_idx = 0, round_idx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5)
+    dm.setup()
+    probe = FederatedLoop(build(dm), dm, num_rounds=args.rounds, clients_per_round=5, progress_bar=False)
+    schedule = []
+    for r in range(args.rounds):
+        probe.round_idx = r
+        schedule.append(probe.select_clients())
+    ours, plain, parts_all = [], [], []
+    for i in range(args.repeats):
+        t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}")
+        ours.append(t)
+        parts_all.append(parts)
+        t, acc_p = run_plain(dm, args.rounds, schedule)
+        plain.append(t)
+    o, p = statistics.median(ours), statistics.median(plain)
+    fits = args.rounds * 5
+    print(f"FederatedLoop: {o:.2f} s (acc {acc_l:.3f}); plain PyTorch: {p:.2f} s (acc {acc_p:.3f}); ratio {o / p:.2f}")
+    for name in parts_all[0]:
+        print(f"  {name}: {statistics.median(pp[name] for pp in parts_all) / fits * 1e3:.1f} ms per client fit")
+
+
+if __name__ == "__main__":
+    main()

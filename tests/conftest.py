@@ -1,0 +1,36 @@
+"""Shared fixtures: offline W&B, one torch thread per test worker, tiny federations on real digits."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lightning_fl.datamodules import FederatedDataModule  # noqa: E402
+from lightning_fl.models import ImageClassifier  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("LIGHTNING_FL_TEST_THREADS", "1")))
+
+
+def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
+    """The sigmoid DLG LeNet classifier standardised on ``dm``'s statistics."""
+    mean, std = dm.input_stats
+    options = {"backbone": "lenet_dlg", "lr": 2e-3, **kwargs}
+    return ImageClassifier(
+        num_classes=dm.num_classes,
+        in_channels=dm.input_shape[0],
+        image_size=dm.input_shape[-1],
+        input_mean=mean,
+        input_std=std,
+        **options,
+    )
+
+
+@pytest.fixture
+def tiny_digits() -> FederatedDataModule:
+    """4 clients of 16x16 digits, iid: fast enough for loop mechanics tests."""
+    return FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=32, seed=0)

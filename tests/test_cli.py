@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_fl.cli import main
+
+QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+
+
+def test_fit_writes_summary_and_resolved_config(tmp_path, capsys) -> None:
+    rc = main(["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), "--loop.num_rounds", "2",
+               "--data.image_size", "16", "--loop.progress_bar", "false"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and 0.0 < summary["test_accuracy"] <= 1.0
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["loop"]["num_rounds"] == 2 and saved["data"]["image_size"] == 16
+    assert (tmp_path / "checkpoints" / "server.pt").exists() and (tmp_path / "logs" / "metrics.csv").exists()
+
+
+def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:
+    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), "--data.image_size", "16",
+            "--loop.progress_bar", "false"]
+    assert main([*base, "--loop.num_rounds", "1"]) == 0
+    assert main([*base, "--loop.num_rounds", "2", "--resume", "true"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [h["round"] for h in summary["history"]] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--loop.clients_per_round", "20"], "loop.clients_per_round=20 exceeds data.num_clients=10"),
+        (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 must be >= 0"),
+        (["--data.dataset", "no-such-data"], "data.dataset='no-such-data' is neither a known dataset"),
+        (["--model.init_args.backbone", "resnet9000"], "model.backbone='resnet9000' is unknown"),
+        (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+        (["--loop.no_such_key", "1"], "unrecognized arguments: --loop.no_such_key"),
+    ],
+)
+def test_bad_config_exits_with_one_line_naming_the_key(tmp_path, capsys, args: list[str], message: str) -> None:
+    rc = main(["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_missing_data_path_is_a_config_error(tmp_path, capsys) -> None:
+    rc = main(["fit", "--config", str(QUICKSTART), "--data.dataset", str(tmp_path / "missing")])
+    assert rc == 2 and "nor an existing ImageFolder directory" in capsys.readouterr().err
