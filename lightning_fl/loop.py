@@ -92,6 +92,10 @@ def _quiet_lightning() -> Iterator[None]:
 
 
 def _overrides(callback: object, hook: str) -> bool:
+    """Whether ``callback`` implements ``hook``; ``listens_to(hook) -> bool`` narrows it (one attack, one leak)."""
+    listens_to = getattr(callback, "listens_to", None)
+    if callable(listens_to) and not listens_to(hook):
+        return False
     return getattr(type(callback), hook) is not getattr(FederatedCallback, hook)
 
 
@@ -373,9 +377,9 @@ class FederatedLoop:
         # a DP callback whose optimiser noises inside its step releases the gradient itself (emits_local_gradient)
         if self.wants_local_gradients() and not any(getattr(cb, "emits_local_gradient", False) for cb in callbacks):
             callbacks.append(_LocalGradientTap(self, client_id))
-        trainer = self._make_trainer(callbacks)
         loader = self.datamodule.train_dataloader(client_id, seed=fit_seed)
         with _quiet_lightning():
+            trainer = self._make_trainer(callbacks)
             trainer.fit(worker, train_dataloaders=loader)
         client.keep_private(worker)
         local = public_state(worker)
@@ -392,6 +396,7 @@ class FederatedLoop:
                 "local_steps": int(trainer.global_step),
                 "local_epochs": int(trainer.current_epoch),
                 "lr": optimizer.param_groups[0]["lr"] if optimizer is not None else None,
+                "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None,
                 "batch_size": loader.batch_size,
             },
         )
@@ -599,6 +604,9 @@ class FederatedLoop:
             },
             self.server_checkpoint_path,
         )
+        initial = self.output_dir / "clients" / "initial_private.pt"
+        if self._initial_private and not initial.exists():
+            self._atomic_save(self._initial_private, initial)  # what new clients start from (client-side storage)
         for client_id in touched:
             client = self.clients[client_id]
             if client.initialised or client.extra:
@@ -622,6 +630,9 @@ class FederatedLoop:
         for cb, cb_state in zip(self.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
         self.history, self.attacks = list(state["history"]), list(state["attacks"])
+        initial = self.output_dir / "clients" / "initial_private.pt"
+        if initial.exists():
+            self._initial_private = torch.load(initial, map_location="cpu", weights_only=True)
         for k in range(self.num_clients):
             cpath = self.client_checkpoint_path(k)
             if cpath.exists():
@@ -638,6 +649,13 @@ class FederatedLoop:
                 WandbLogger(project=self.wandb_project, save_dir=str(self.output_dir), mode=self.wandb_mode)
             )
         self.loggers.extend(self._extra_loggers)
+        for entry in self.history:  # a resumed run replays finished rounds so every logger holds the whole curve
+            self._log_entry(entry)
+
+    def _log_entry(self, entry: dict[str, Any]) -> None:
+        metrics = {k: v for k, v in entry.items() if isinstance(v, int | float) and k != "round"}
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=entry["round"])
 
     def summary(self) -> dict[str, Any]:
         """What ``summary.json`` holds."""
@@ -678,11 +696,7 @@ class FederatedLoop:
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()
                 self.history.append(entry)
-                for logger in self.loggers:
-                    logger.log_metrics(
-                        {k: v for k, v in entry.items() if isinstance(v, int | float) and k != "round"},
-                        step=self.round_idx,
-                    )
+                self._log_entry(entry)
                 for cb in self.callbacks:
                     cb.on_round_end(self, self.round_idx, entry)
                 self.round_idx += 1
