@@ -1,5 +1,7 @@
 """Loop-level callbacks: the hook base class, attacks at leak points, privacy budget."""
 
 from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.callbacks.gradient_leakage import GradientLeakage
+from lightning_fl.callbacks.privacy_budget import PrivacyBudget
 
-__all__ = ["FederatedCallback"]
+__all__ = ["FederatedCallback", "GradientLeakage", "PrivacyBudget"]

@@ -1,0 +1,162 @@
+"""One attack on one batch, without federated rounds: what ``lightning-fl attack --config PATH`` runs.
+
+:func:`client_view` plays an honest client on a private batch (one gradient, or a few real SGD steps) and returns
+only what the server would receive; :func:`run_attack` attacks it, scores the result against the batch, and
+writes ``summary.json`` (the same ``attacks`` entries as a federated run) and the comparison grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.utils import save_image
+
+from lightning_fl.attacks.base import GradientAttack
+from lightning_fl.attacks.metrics import match_reconstructions, score_reconstruction
+from lightning_fl.datamodules.federated import FederatedDataModule
+from lightning_fl.messages import GroundTruth, ServerView
+from lightning_fl.private import public_state
+
+__all__ = ["client_view", "run_attack", "save_comparison_grid"]
+
+
+def save_comparison_grid(ground_truth: Tensor, reconstruction: Tensor, path: str | Path) -> Path:
+    """Write a PNG with the ground-truth images in the top row and their matched reconstructions below.
+
+    Both are ``(N, C, H, W)`` in [0, 1]; pass them already matched (see
+    :func:`~lightning_fl.attacks.metrics.match_reconstructions`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_image(torch.cat([ground_truth, reconstruction.clamp(0, 1)]), path, nrow=len(ground_truth), padding=1)
+    return path
+
+
+def client_view(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int,
+    local_steps: int = 1,
+    lr: float = 0.01,
+    client_id: int = 0,
+) -> ServerView:
+    """What the server sees when a client trains ``model`` on ``(images, labels)``: public tensors and metadata.
+
+    ``local_steps=1``: the client shares its mini-batch gradient (``kind="gradient"``, leak point
+    ``local_gradient``, the DLG setting). ``local_steps=T > 1``: the client runs T plain SGD steps of
+    ``len(images) // T`` images each with cross-entropy and shares the weight difference (``kind="update"``,
+    leak point ``client_update``). The client's computation uses ordinary autograd on a copy of ``model``;
+    private parameters never enter the view, and ``view.model`` is a fresh copy of the given (server) model.
+
+    Raises:
+        ValueError: when ``len(images)`` is not a multiple of ``local_steps``.
+
+    Example:
+        >>> from lightning_fl.models import LeNetDLG
+        >>> view = client_view(LeNetDLG(1, 10, 16), torch.rand(1, 1, 16, 16), torch.tensor([3]), num_classes=10)
+        >>> view.kind, view.metadata["batch_size"], sorted(view.tensors)[:2]
+        ('gradient', 1, ['body.0.bias', 'body.0.weight'])
+    """
+    if len(images) % local_steps:
+        raise ValueError(f"len(images)={len(images)} must be a multiple of local_steps={local_steps}.")
+    public = set(public_state(model))
+    client = copy.deepcopy(model).train()
+    start = {n: p.detach().clone() for n, p in client.named_parameters()}
+    per_step = len(images) // local_steps
+    for step in range(local_steps):
+        chunk = slice(step * per_step, (step + 1) * per_step)
+        loss = F.cross_entropy(client(images[chunk]), labels[chunk])
+        grads = torch.autograd.grad(loss, [p for _, p in client.named_parameters()])
+        if local_steps == 1:
+            tensors = {n: g.detach() for (n, _), g in zip(client.named_parameters(), grads, strict=True)}
+            break
+        with torch.no_grad():
+            for p, g in zip(client.parameters(), grads, strict=True):
+                p.sub_(lr * g)
+    else:
+        tensors = {n: (p.detach() - start[n]) for n, p in client.named_parameters()}
+    metadata = {
+        "round_idx": 0,
+        "client_id": client_id,
+        "num_classes": num_classes,
+        "input_shape": tuple(images.shape[1:]),
+        "batch_size": per_step,
+        "local_steps": local_steps,
+        "num_samples": len(images),
+        "lr": lr,
+        "optimizer": "sgd",
+    }
+    return ServerView(
+        leak_point="local_gradient" if local_steps == 1 else "client_update",
+        model=copy.deepcopy(model).train(),
+        tensors={n: t for n, t in tensors.items() if n in public},
+        kind="gradient" if local_steps == 1 else "update",
+        metadata=metadata,
+    )
+
+
+def run_attack(
+    attack: GradientAttack,
+    *,
+    data: FederatedDataModule,
+    model: L.LightningModule,
+    client_id: int = 0,
+    batch_size: int = 1,
+    local_steps: int = 1,
+    local_lr: float = 0.01,
+    output_dir: str | Path = "runs/attack",
+    seed: int = 0,
+) -> dict[str, object]:
+    """Attack one batch of one client's data against ``model`` and write ``summary.json`` and the image grid.
+
+    Args:
+        attack: the attack to run.
+        data: the dataset (any the foundation supports); the batch comes from client ``client_id``'s share.
+        model: the attacked model, as the server holds it (its current weights are the attacked state).
+        client_id: whose data the batch is drawn from.
+        batch_size: images per local step B.
+        local_steps: 1 attacks a gradient; T > 1 attacks the update of T local SGD steps (B x T images).
+        local_lr: the client's SGD step size for ``local_steps > 1`` (public metadata of the update).
+        output_dir: where ``summary.json`` and ``attacks/*.png`` go.
+        seed: seed of the batch choice.
+
+    Returns:
+        the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
+        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``seconds``, ``image``.
+
+    Raises:
+        ValueError: when ``batch_size`` or ``local_steps`` is below 1.
+    """
+    if batch_size < 1 or local_steps < 1:
+        raise ValueError(f"batch_size={batch_size} and local_steps={local_steps} must both be >= 1.")
+    images, labels = data.sample_batch(client_id, batch_size * local_steps, seed=seed)
+    view = client_view(
+        model, images, labels, num_classes=data.num_classes, local_steps=local_steps, lr=local_lr, client_id=client_id
+    )
+    reconstruction = attack.reconstruct(view)
+    truth = GroundTruth(images, labels)
+    name = getattr(attack, "name", type(attack).__name__)
+    output_dir = Path(output_dir)
+    rows, cols = match_reconstructions(reconstruction.images.detach().cpu(), images)
+    grid = save_comparison_grid(
+        images[cols], reconstruction.images.detach().cpu()[rows], output_dir / "attacks" / f"{name}_standalone.png"
+    )
+    entry: dict[str, object] = {
+        "attack": name,
+        "round": None,
+        "client": client_id,
+        "leak_point": view.leak_point,
+        **score_reconstruction(reconstruction, truth, num_classes=data.num_classes),
+        "seconds": reconstruction.info.get("seconds"),
+        "image": str(grid),
+    }
+    (output_dir / "summary.json").write_text(json.dumps({"attacks": [entry]}, indent=2))
+    return entry

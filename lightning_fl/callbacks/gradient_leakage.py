@@ -1,0 +1,171 @@
+"""Attack one leak point of the federated loop at chosen rounds and clients, and log how much leaked."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from lightning_fl.attacks.base import GradientAttack
+from lightning_fl.attacks.gradient_matching import leaked_batch_size
+from lightning_fl.attacks.metrics import match_reconstructions, score_reconstruction
+from lightning_fl.attacks.standalone import save_comparison_grid
+from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.messages import LEAK_POINTS, GroundTruth, LeakPoint, ServerView
+
+if TYPE_CHECKING:
+    from lightning_fl.loop import FederatedLoop
+
+__all__ = ["GradientLeakage"]
+
+_HOOKS: dict[str, str] = {
+    "local_gradient": "on_local_gradient",
+    "client_update": "on_client_update",
+    "aggregate": "on_aggregate_end",
+}
+
+
+class GradientLeakage(FederatedCallback):
+    """Run a gradient-leakage attack on what the server sees at one leak point, then score and log it.
+
+    At each attacked event the callback hands the :class:`~lightning_fl.messages.ServerView` (public state,
+    intercepted tensors, public metadata: nothing else) to ``attack.reconstruct``, scores the result against the
+    ground truth the loop kept aside, logs the scores to the loop's loggers, saves a ground-truth-vs-reconstruction
+    grid to ``output_dir/attacks/`` (and to W&B when a W&B logger is attached), and appends one entry to
+    ``summary.json["attacks"]``.
+
+    What the ground truth is: at ``local_gradient`` the exact mini-batch; at ``client_update`` the client's
+    whole local training set (the loop does not know which samples a partial epoch used), so the reconstruction
+    is matched to its closest distinct images there; at ``aggregate`` all participating clients' sets.
+
+    A realistic FedAvg update (several epochs over ~140 samples) hides far more images than an optimisation
+    attack can invert. ``max_images`` is the largest leaked batch (see
+    :func:`~lightning_fl.attacks.gradient_matching.leaked_batch_size`) the callback will attack; larger ones are
+    skipped with a warning. To attack ``client_update`` train the attacked setting with ``loop.local_steps: 1``,
+    a small ``data.batch_size`` and ``model.optimizer: sgd``, or attack ``local_gradient`` (docs/attacks.md).
+
+    Args:
+        attack: the attack; anything with ``reconstruct(view) -> Reconstruction``.
+        leak_point: ``"local_gradient"`` (Fed-CDP type 2), ``"client_update"`` (type 1) or ``"aggregate"``
+            (type 0).
+        rounds: 0-based rounds to attack.
+        clients: client ids to attack; ``None`` attacks every selected client (ignored at ``aggregate``).
+        step_indices: 0-based local optimiser steps to attack at ``local_gradient``.
+        max_images: attack only views whose leaked batch has at most this many images.
+        save_images: write the comparison grid PNG.
+
+    Raises:
+        ValueError: on an unknown leak point, a negative round or step, or ``max_images < 1``.
+
+    Example:
+        >>> from lightning_fl.attacks import DLGAttack
+        >>> cb = GradientLeakage(DLGAttack(max_iterations=10), leak_point="local_gradient", rounds=[0], clients=[1])
+        >>> cb.listens_to("on_local_gradient"), cb.listens_to("on_client_update")
+        (True, False)
+    """
+
+    def __init__(
+        self,
+        attack: GradientAttack,
+        *,
+        leak_point: LeakPoint = "client_update",
+        rounds: Sequence[int] = (0,),
+        clients: Sequence[int] | None = None,
+        step_indices: Sequence[int] = (0,),
+        max_images: int = 8,
+        save_images: bool = True,
+    ) -> None:
+        if leak_point not in LEAK_POINTS:
+            raise ValueError(
+                f"GradientLeakage(leak_point={leak_point!r}) is unknown; use one of {sorted(LEAK_POINTS)} "
+                "('aggregate' = Fed-CDP type 0, 'client_update' = type 1, 'local_gradient' = type 2)."
+            )
+        if any(r < 0 for r in rounds) or any(s < 0 for s in step_indices):
+            raise ValueError(
+                f"GradientLeakage(rounds={list(rounds)}, step_indices={list(step_indices)}) must be 0-based (>= 0)."
+            )
+        if max_images < 1:
+            raise ValueError(f"GradientLeakage(max_images={max_images}) must be >= 1.")
+        self.attack, self.leak_point = attack, leak_point
+        self.rounds = frozenset(rounds)
+        self.clients = frozenset(clients) if clients is not None else None
+        self.step_indices = frozenset(step_indices)
+        self.max_images, self.save_images = max_images, save_images
+        self._step = 0
+
+    def listens_to(self, hook: str) -> bool:
+        """Only the hook of the chosen leak point, so the loop builds no other views for this callback."""
+        return hook == _HOOKS[self.leak_point]
+
+    def _wanted(self, loop: FederatedLoop, client_id: int | None) -> bool:
+        if loop.round_idx not in self.rounds:
+            return False
+        return client_id is None or self.clients is None or client_id in self.clients
+
+    @override
+    def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
+        self._step = 0
+
+    @override
+    def on_local_gradient(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        step, self._step = self._step, self._step + 1
+        if step in self.step_indices and self._wanted(loop, view.metadata.get("client_id")):
+            self._attack_and_log(loop, view, ground_truth, step=step)
+
+    @override
+    def on_client_update(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        if self._wanted(loop, view.metadata.get("client_id")):
+            self._attack_and_log(loop, view, ground_truth)
+
+    @override
+    def on_aggregate_end(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+        if self._wanted(loop, None):
+            self._attack_and_log(loop, view, ground_truth)
+
+    def _attack_and_log(
+        self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
+    ) -> None:
+        client = view.metadata.get("client_id")
+        leaked = leaked_batch_size(view)
+        if leaked > self.max_images:
+            warnings.warn(
+                f"GradientLeakage skipped round {loop.round_idx}, client {client} at {self.leak_point!r}: the view "
+                f"hides {leaked} images (batch_size x local_steps) > max_images={self.max_images}. Attack "
+                "'local_gradient', or train the attacked setting with loop.local_steps=1 and a small "
+                "data.batch_size, or raise max_images.",
+                stacklevel=2,
+            )
+            return
+        reconstruction = self.attack.reconstruct(view)
+        scores = score_reconstruction(reconstruction, ground_truth, num_classes=view.metadata.get("num_classes"))
+        name = getattr(self.attack, "name", type(self.attack).__name__)
+        tag = f"{name}_{self.leak_point}_r{loop.round_idx}" + (f"_c{client}" if client is not None else "")
+        tag += f"_s{step}" if step is not None else ""
+        entry: dict[str, Any] = {
+            "attack": name,
+            "round": loop.round_idx,
+            "client": client,
+            "leak_point": self.leak_point,
+            **scores,
+            "step": step,
+            "ground_truth_size": len(ground_truth.targets),
+            "seconds": reconstruction.info.get("seconds"),
+        }
+        if self.save_images:
+            rows, cols = match_reconstructions(reconstruction.images.detach().cpu(), ground_truth.inputs.cpu())
+            path = save_comparison_grid(
+                ground_truth.inputs.cpu()[cols],
+                reconstruction.images.detach().cpu()[rows],
+                loop.output_dir / "attacks" / f"{tag}.png",
+            )
+            entry["image"] = str(path)
+            for logger in loop.loggers:
+                if hasattr(logger, "log_image"):
+                    logger.log_image(key=f"attacks/{tag}", images=[str(path)], step=loop.round_idx)
+        prefix = f"attack/{name}/{self.leak_point}" + (f"/client_{client}" if client is not None else "")
+        numeric = {f"{prefix}/{k}": v for k, v in scores.items() if isinstance(v, int | float)}
+        for logger in loop.loggers:
+            logger.log_metrics(numeric, step=loop.round_idx)
+        loop.record_attack(entry)
