@@ -128,13 +128,20 @@ def eq_4_2_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tensor:
     Example:
         >>> eq_4_2_weights(train_losses=torch.tensor([1.0, 2.0]),
         ...                cross_val_losses=torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-        tensor([0.0195, 0.9805])
+        tensor([0.0132, 0.9868])
     """
     _check_losses(train_losses, cross_val_losses)
     return torch.softmax(torch.softmax(train_losses, dim=0) * cross_val_losses.sum(dim=1), dim=0)
 
 
 WEIGHTINGS: dict[str, Callable[..., Tensor]] = {"reference": reference_weights, "eq_4_2": eq_4_2_weights}
+
+# floating point puts (1 - 0.9) * 100 / 2 at 4.999...; the thesis' floor means 5
+_FLOOR_TOLERANCE = 1e-9
+
+
+def _floor(value: float) -> int:
+    return math.floor(value + _FLOOR_TOLERANCE)
 
 
 def integer_weights(weights: Tensor, *, pieces: int, rounding: RoundingName = "floor") -> list[int]:
@@ -156,7 +163,7 @@ def integer_weights(weights: Tensor, *, pieces: int, rounding: RoundingName = "f
     scaled = weights.double() * pieces
     if rounding == "round":
         return [int(v) for v in torch.round(scaled).tolist()]
-    floors = torch.floor(scaled)
+    floors = torch.floor(scaled + _FLOOR_TOLERANCE)
     result = [int(v) for v in floors.tolist()]
     if rounding == "largest_remainder":
         missing = pieces - sum(result)
@@ -180,7 +187,7 @@ def fusion_weights(p_hat: Sequence[float], *, pieces: int) -> list[list[int]]:
         return [[pieces]]
     rows = []
     for i, p in enumerate(p_hat):
-        own, other = math.floor(p * pieces), math.floor((1.0 - p) * pieces / (n - 1))
+        own, other = _floor(p * pieces), _floor((1.0 - p) * pieces / (n - 1))
         rows.append([own if j == i else other for j in range(n)])
     return rows
 
@@ -234,6 +241,7 @@ class ClientLink:
             self._trainer = L.Trainer(**options)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
             results = self._trainer.validate(self._model, dataloaders=loader, verbose=False)
         if self.metric not in results[0]:
             raise KeyError(

@@ -3,33 +3,19 @@
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 import torch
-from phe.paillier import PaillierPrivateKey
 from torch import Tensor
 
 from lightning_fl import FedAvg, FederatedCallback, FederatedLoop
-from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate, PaillierEncryption, SecureFedAvg
+from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate, SecureFedAvg
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from tests.conftest import make_classifier
+from tests.defences.he_helpers import KEY_SIZE, assert_holds_no_private_key, digits, he_transform, run_loop
 
-KEY_SIZE = 512  # tests only (insecure; PaillierEncryption warns)
 PARTIAL = ["backbone.fc.bias"]  # encrypt one small layer only, per value
-
-
-def digits() -> FederatedDataModule:
-    return FederatedDataModule("digits", num_clients=3, partition="dirichlet", alpha=0.5, image_size=16, seed=0)
-
-
-def he_transform(**kwargs: object) -> PaillierEncryption:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return PaillierEncryption(key_size=KEY_SIZE, **kwargs)
 
 
 class RecordingSecureFedAvg(SecureFedAvg):
@@ -58,19 +44,6 @@ class ViewRecorder(FederatedCallback):
 
     def on_aggregate_end(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
         self.aggregate_keys.append(set(view.tensors))
-
-
-def run_loop(output_dir: Path, **kwargs: object) -> FederatedLoop:
-    torch.manual_seed(0)
-    dm = digits()
-    loop = FederatedLoop(
-        make_classifier(dm), dm, num_rounds=1, clients_per_round=3, local_steps=2, output_dir=output_dir,
-        progress_bar=False, eval_every=0, **kwargs,
-    )  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*below 2048 bits.*")
-        loop.fit()
-    return loop
 
 
 @pytest.fixture(scope="module")
@@ -110,30 +83,6 @@ def test_server_leak_points_see_only_plaintext_layers(runs: dict, variant: str, 
     readable = set() if encrypted is None else public_float_keys(loop) - encrypted
     assert recorder.update_keys == [readable] * 3
     assert recorder.aggregate_keys == [readable]
-
-
-def reachable(root: object, *, skip: tuple[type, ...] = ()) -> Iterator[object]:
-    """Every object reachable from ``root`` through attributes and containers (tensors are leaves)."""
-    seen, stack = set(), [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip):
-            continue
-        seen.add(id(obj))
-        yield obj
-        if isinstance(obj, dict):
-            stack.extend([*obj.keys(), *obj.values()])
-        elif isinstance(obj, list | tuple | set | frozenset):
-            stack.extend(obj)
-        elif not isinstance(obj, Tensor | str | bytes | int | float) and hasattr(obj, "__dict__"):
-            stack.extend(vars(obj).values())
-
-
-def assert_holds_no_private_key(root: object, secret: dict[str, int], *, skip: tuple[type, ...] = ()) -> None:
-    secrets = {secret["p"], secret["q"]}
-    for obj in reachable(root, skip=skip):
-        assert not isinstance(obj, PaillierPrivateKey), f"a private key is reachable from {type(root).__name__}"
-        assert not (type(obj) is int and obj in secrets), f"a prime of the private key is reachable from {root!r}"
 
 
 def prime_bytes(secret: dict[str, int]) -> bytes:
