@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -53,6 +54,10 @@ DistanceName = Literal["euclidean", "cosine"]
 InitName = Literal["randn", "rand", "patterned"]
 OptimizerName = Literal["lbfgs", "adam"]
 LabelMode = Literal["optimise", "infer"]
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 def euclidean_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
@@ -226,14 +231,14 @@ def matching_target(view: ServerView, *, layers: Sequence[str] | None = None) ->
 
 
 def _over_restarts(
-    objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], *, restarts: int, label_dim: int | None
+    objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], *, restarts: int
 ) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """``objective`` mapped over the leading restart dimension: ``vmap`` for several, a plain call for one."""
     if restarts > 1:
-        return vmap(objective, in_dims=(0, label_dim))
+        return vmap(objective)
 
     def single(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        total, gap = objective(x[0], y if label_dim is None else y[0])
+        total, gap = objective(x[0], y[0])
         return total[None], gap[None]
 
     return single
@@ -345,22 +350,22 @@ class GradientMatchingAttack(GradientAttack):
         shape = (self.restarts, target.num_images, *input_shape)
         images = initial_images(shape, init=self.init, generator=generator).requires_grad_()
         if self.labels == "infer":
-            fixed = F.one_hot(self._known_labels(view, target, num_classes), num_classes).float()
+            labels = self._label_orders(self._known_labels(view, target, num_classes), target, generator)
+            label_input, to_probabilities = F.one_hot(labels, num_classes).float(), _identity
             variables = [images]
         else:
-            fixed = None
-            label_logits = torch.randn(self.restarts, target.num_images, num_classes, generator=generator)
-            variables = [images, label_logits.requires_grad_()]
+            label_input = torch.randn(self.restarts, target.num_images, num_classes, generator=generator)
+            to_probabilities = partial(torch.softmax, dim=-1)
+            variables = [images, label_input.requires_grad_()]
         distance = DISTANCES[self.distance]
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-            probabilities = fixed if fixed is not None else y.softmax(-1)
             candidate = simulated_pseudo_gradient(
                 model,
                 params,
                 frozen,
                 x,
-                probabilities,
+                to_probabilities(y),
                 local_steps=target.local_steps,
                 lr=target.lr,
                 data_per_step=target.data_per_step,
@@ -368,19 +373,31 @@ class GradientMatchingAttack(GradientAttack):
             gap = distance(candidate=[candidate[n] for n in target.names], target=target.tensors)
             return gap + sum(r(x) for r in self.regularisers), gap
 
-        batched = _over_restarts(objective, restarts=self.restarts, label_dim=0 if fixed is None else None)
-        second = variables[1] if fixed is None else fixed
+        batched = _over_restarts(objective, restarts=self.restarts)
         step = self._stepper(variables)
         for iteration in range(self.max_iterations):
-            losses, _ = batched(images, second)
+            losses, _ = batched(images, label_input)
             grads = torch.autograd.grad(losses.sum(), variables)
             step(grads)
-            yield MatchingState(iteration, losses.detach(), images.detach(), self._labels_of(fixed, variables))
+            yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1))
 
-    def _labels_of(self, fixed: Tensor | None, variables: list[Tensor]) -> Tensor:
-        if fixed is not None:
-            return fixed.argmax(-1).expand(self.restarts, -1)
-        return variables[1].detach().argmax(-1)
+    def _label_orders(self, labels: Tensor, target: MatchingTarget, generator: torch.Generator) -> Tensor:
+        """Inferred labels per restart ``(R, B)``.
+
+        Inferred: in a multi-step update the assignment of the inferred label multiset to local steps is unknown
+        (the gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred
+        order, restart 1 reverses it and later restarts draw random permutations; the best restart picks the
+        assignment.
+        """
+        count = len(labels)
+        orders = [torch.arange(count)]
+        if target.local_steps > 1:
+            orders.append(torch.arange(count).flip(0))
+            orders += [torch.randperm(count, generator=generator) for _ in range(self.restarts - 2)]
+        else:
+            orders *= self.restarts
+        orders = orders[: self.restarts]
+        return labels[torch.stack(orders)]
 
     def _stepper(self, variables: list[Tensor]) -> Callable[[Sequence[Tensor]], None]:
         """The update rule: a function taking the gradients of ``variables`` and updating them in place."""

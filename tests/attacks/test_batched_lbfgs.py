@@ -1,0 +1,51 @@
+"""BatchedLBFGS: each row follows torch.optim.LBFGS(max_iter=1) exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fl.attacks.batched_lbfgs import BatchedLBFGS
+
+
+def _rosenbrock(x: torch.Tensor) -> torch.Tensor:
+    return (100 * (x[:, 1:] - x[:, :-1] ** 2) ** 2 + (1 - x[:, :-1]) ** 2).sum(1)
+
+
+def _torch_trajectory(start: torch.Tensor, steps: int, history_size: int) -> torch.Tensor:
+    x = start.clone().requires_grad_()
+    opt = torch.optim.LBFGS([x], lr=1, max_iter=1, history_size=history_size)
+    out = []
+    for _ in range(steps):
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = _rosenbrock(x[None]).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        out.append(x.detach().clone())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("history_size", [100, 3])
+def test_batched_lbfgs_rows_equal_independent_torch_lbfgs(history_size: int) -> None:
+    starts = torch.tensor([[-1.2, 1.0, 0.5, -0.3], [0.3, 0.1, -2.0, 1.0], [2.0, 2.0, 2.0, 2.0]], dtype=torch.float64)
+    x, opt, trajectory = starts.clone(), BatchedLBFGS(num_rows=3, history_size=history_size), []
+    for _ in range(40):
+        probe = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(_rosenbrock(probe).sum(), probe)
+        x = x + opt.step(grad)
+        trajectory.append(x)
+    trajectory = torch.stack(trajectory)
+    for row in range(3):
+        reference = _torch_trajectory(starts[row], 40, history_size)
+        assert torch.allclose(trajectory[:, row], reference, atol=1e-8)
+
+
+def test_batched_lbfgs_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="lr=0"):
+        BatchedLBFGS(num_rows=1, lr=0)
+    with pytest.raises(ValueError, match="history_size=0"):
+        BatchedLBFGS(num_rows=1, history_size=0)

@@ -1,0 +1,76 @@
+"""The shared engine: targets from views, multi-step updates, layer subsets, argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fl.attacks import GradientMatchingAttack, InvertingGradientsAttack, Reconstruction, leaked_batch_size
+from lightning_fl.attacks.gradient_matching import matching_target
+from lightning_fl.attacks.metrics import score_reconstruction
+from lightning_fl.messages import ServerView
+from tests.attacks.views import digits_view
+
+
+def test_attack_on_a_two_step_update_simulates_the_local_steps() -> None:
+    view, truth = digits_view(batch_size=1, local_steps=2, image_size=16)
+    assert view.kind == "update" and leaked_batch_size(view) == 2
+    reconstruction = InvertingGradientsAttack(max_iterations=300, restarts=2, progress_bar=False).reconstruct(view)
+    assert reconstruction.images.shape == truth.inputs.shape
+    attacked = score_reconstruction(reconstruction, truth, num_classes=10)
+    noise = Reconstruction(torch.rand(truth.inputs.shape, generator=torch.Generator().manual_seed(0)), None)
+    assert attacked["psnr"] >= score_reconstruction(noise, truth)["psnr"] + 10.0
+
+
+def test_matching_target_turns_an_update_into_a_pseudo_gradient() -> None:
+    view, _ = digits_view(batch_size=2, local_steps=1)
+    update = ServerView(
+        "client_update",
+        view.model,
+        {k: -0.1 * v for k, v in view.tensors.items()},
+        "update",
+        {**view.metadata, "lr": 0.1, "local_steps": 1},
+    )
+    target = matching_target(update, layers=["*fc.*"])
+    assert target.names == ("backbone.fc.weight", "backbone.fc.bias")
+    assert torch.allclose(target.tensors[0], view.tensors["backbone.fc.weight"])
+
+
+def test_matching_target_warns_that_an_adam_update_is_simulated_as_sgd() -> None:
+    view, _ = digits_view(batch_size=1)
+    adam = ServerView(
+        "client_update", view.model, view.tensors, "update", {**view.metadata, "lr": 0.1, "optimizer": "adam"}
+    )
+    with pytest.warns(UserWarning, match="'adam' optimiser but the attack simulates plain SGD"):
+        matching_target(adam)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "match"),
+    [({"lr": None}, r"needs the client's metadata\['lr'\]"), ({"batch_size": None}, r"no metadata\['batch_size'\]")],
+)
+def test_matching_target_names_missing_metadata(metadata: dict, match: str) -> None:
+    view, _ = digits_view(batch_size=1)
+    broken = ServerView("client_update", view.model, view.tensors, "update", {**view.metadata, **metadata})
+    with pytest.raises(ValueError, match=match):
+        matching_target(broken)
+
+
+def test_matching_target_rejects_layer_patterns_that_match_nothing() -> None:
+    view, _ = digits_view(batch_size=1)
+    with pytest.raises(ValueError, match=r"selected by layers=\['nothing\*'\]"):
+        matching_target(view, layers=["nothing*"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"distance": "l1"}, r"distance='l1'\) is unknown"),
+        ({"optimizer": "sgd"}, r"optimizer='sgd'\) is unknown"),
+        ({"restarts": 0}, r"restarts=0\) must be > 0"),
+        ({"max_iterations": -1}, r"max_iterations=-1\) must be > 0"),
+    ],
+)
+def test_gradient_matching_attack_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GradientMatchingAttack(**kwargs)

@@ -1,0 +1,26 @@
+"""What the attack tests attack: a real digits batch behind a sigmoid-LeNet gradient or SGD update."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_fl.attacks.standalone import client_view
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.messages import GroundTruth, ServerView
+from tests.conftest import make_classifier
+
+
+def digits_view(
+    *, batch_size: int = 1, image_size: int = 16, local_steps: int = 1, distinct_labels: bool = False, seed: int = 0
+) -> tuple[ServerView, GroundTruth]:
+    """The server's view of one client's batch (and the truth, for scoring only), from a fixed-seed LeNet."""
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=image_size)
+    torch.manual_seed(seed)
+    model = make_classifier(dm)
+    count = batch_size * local_steps
+    images, labels = dm.sample_batch(0, 200 if distinct_labels else count, seed=seed)
+    if distinct_labels:
+        first = [int((labels == c).nonzero()[0]) for c in labels.unique()[:count]]
+        images, labels = images[first], labels[first]
+    view = client_view(model, images, labels, num_classes=dm.num_classes, local_steps=local_steps, lr=0.1)
+    return view, GroundTruth(images, labels)
