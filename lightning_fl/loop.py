@@ -70,8 +70,13 @@ def _seed_all(seed: int) -> None:
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence the per-fit chatter of client Trainers (info lines, data-loader and pytree warnings)."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    """Silence the per-fit chatter of client Trainers (info lines, data-loader and pytree warnings).
+
+    Re-entrant and cheap when already quiet: ``Logger.setLevel`` clears every logger's cache, so levels are
+    only touched when they differ.
+    """
+    names = ("lightning.pytorch", "lightning.fabric")
+    loggers = [lg for lg in map(logging.getLogger, names) if lg.level != logging.WARNING]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.WARNING)
@@ -83,6 +88,7 @@ def _quiet_lightning() -> Iterator[None]:
                 ".*but have no `val_dataloader`.*",
                 ".*LeafSpec.*",
                 ".*GPU available but not used.*",
+                ".*exists and is not empty.*",
             ):
                 warnings.filterwarnings("ignore", message=message)
             yield
@@ -443,9 +449,8 @@ class FederatedLoop:
             return None
         finally:
             self._current_client = None
-        reason = self._validate(
-            update, {k: v for k, v in self.global_public_state().items() if k in set(self._delta_keys())}
-        )
+        public = self.global_public_state()
+        reason = self._validate(update, {k: public[k] for k in self._delta_keys()})
         if reason is not None:
             warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=2)
             return None
@@ -691,7 +696,7 @@ class FederatedLoop:
             component.setup(self)
         for cb in self.callbacks:
             cb.on_fit_start(self)
-        with Progress(disable=not self.progress_bar, transient=False) as progress:
+        with _quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()
