@@ -3,13 +3,16 @@
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.dlg import DLGAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, leaked_batch_size
+from lightning_fl.attacks.grnn import GRNN, GRNNGenerator
 from lightning_fl.attacks.idlg import IDLGAttack
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
 
 __all__ = [
+    "GRNN",
     "DLGAttack",
+    "GRNNGenerator",
     "GradientAttack",
     "GradientMatchingAttack",
     "IDLGAttack",
