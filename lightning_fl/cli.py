@@ -54,7 +54,18 @@ def _fit_parser() -> ArgumentParser:
     return parser
 
 
-SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {"fit": _fit_parser}
+def _attack_parser() -> ArgumentParser:
+    from lightning_fl.attacks.base import GradientAttack
+    from lightning_fl.attacks.standalone import run_attack
+
+    parser = ArgumentParser(description="One gradient-leakage attack on one batch of a client's data (no rounds).")
+    _common(parser)
+    parser.add_subclass_arguments(GradientAttack, "attack", required=True)
+    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
+    return parser
+
+
+SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {"fit": _fit_parser, "attack": _attack_parser}
 
 
 def build_parser() -> ArgumentParser:
@@ -85,7 +96,28 @@ def _run_fit(parser: ArgumentParser, cfg: Namespace) -> dict[str, Any]:
     return summary
 
 
-RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Any]] = {"fit": _run_fit}
+def _run_attack(parser: ArgumentParser, cfg: Namespace) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from lightning_fl.attacks.standalone import run_attack
+
+    init = _instantiate(parser, cfg)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+    entry = run_attack(
+        init.attack, data=init.data, model=init.model, output_dir=output_dir, seed=cfg.seed_everything, **vars(init.run)
+    )
+    table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
+    for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds"):
+        table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
+    Console().print(table)
+    print(f"summary: {output_dir / 'summary.json'}")
+    return entry
+
+
+RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Any]] = {"fit": _run_fit, "attack": _run_attack}
 
 
 def _quiet() -> None:
