@@ -29,7 +29,7 @@ def test_run_attack_writes_summary_and_grid(tmp_path: Path) -> None:
         output_dir=tmp_path,
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["attacks"] == [entry] and ENTRY_KEYS <= set(entry)
+    assert summary["attacks"] == [entry] and set(entry) >= ENTRY_KEYS
     assert entry["num_images"] == 2 and Path(entry["image"]).is_file()
 
 
