@@ -93,6 +93,8 @@ def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -
         total = sum(weights)
         with torch.no_grad():
             for k, v in model.state_dict().items():
+                if not v.is_floating_point():
+                    continue  # BatchNorm's step counters are not averaged (as in FederatedLoop)
                 v.add_(sum(d[k] * (w / total) for d, w in zip(deltas, weights, strict=True)))
         model.eval()
         correct = n = 0

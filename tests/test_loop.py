@@ -13,8 +13,14 @@ from tests.conftest import make_classifier
 
 
 def _loop(dm, tmp_path, model=None, **kwargs) -> FederatedLoop:
-    options = {"num_rounds": 2, "clients_per_round": 2, "local_epochs": 1, "progress_bar": False,
-               "output_dir": tmp_path, **kwargs}
+    options = {
+        "num_rounds": 2,
+        "clients_per_round": 2,
+        "local_epochs": 1,
+        "progress_bar": False,
+        "output_dir": tmp_path,
+        **kwargs,
+    }
     return FederatedLoop(model or make_classifier(dm), dm, **options)
 
 
@@ -98,8 +104,9 @@ def test_private_tensors_never_leave_the_client(tiny_digits, tmp_path) -> None:
         for key in private_keys:  # the attacker's model holds the server's own guess, not the client's secret
             assert torch.equal(view.model.state_dict()[key], server_guess[key])
     trained = [c for c in loop.clients if c.initialised]
-    assert trained and all(not torch.equal(c.private["backbone.body.0.weight"], server_guess["backbone.body.0.weight"])
-                           for c in trained)
+    assert trained and all(
+        not torch.equal(c.private["backbone.body.0.weight"], server_guess["backbone.body.0.weight"]) for c in trained
+    )
 
 
 def test_leak_points_hand_ground_truth_apart_from_the_view(tiny_digits, tmp_path) -> None:
@@ -144,10 +151,14 @@ def test_faulty_clients_are_dropped_and_never_reach_the_global_model(tiny_digits
 
 
 def test_round_fails_clearly_below_min_clients(tiny_digits, tmp_path) -> None:
-    loop = _loop(tiny_digits, tmp_path, client_transforms=[_Saboteur()], num_rounds=1, clients_per_round=4,
-                 min_clients=2)
+    loop = _loop(
+        tiny_digits, tmp_path, client_transforms=[_Saboteur()], num_rounds=1, clients_per_round=4, min_clients=2
+    )
     before = {k: v.clone() for k, v in loop.global_model.state_dict().items()}
-    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match=r"only 1 valid client updates \(of 4 selected\) but loop.min_clients=2"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(RuntimeError, match=r"only 1 valid client updates \(of 4 selected\) but loop.min_clients=2"),
+    ):
         loop.fit()
     assert all(torch.equal(before[k], v) for k, v in loop.global_model.state_dict().items())
 
@@ -170,3 +181,14 @@ def test_loop_rejects_bad_settings(tiny_digits, tmp_path, kwargs: dict, match: s
 
 def test_fraction_of_clients_per_round(tiny_digits, tmp_path) -> None:
     assert _loop(tiny_digits, tmp_path, clients_per_round=0.5).clients_per_round == 2
+
+
+def test_loggers_step_by_round_and_wandb_stays_offline(tiny_digits, tmp_path, monkeypatch) -> None:
+    import csv
+
+    monkeypatch.setenv("WANDB_MODE", "online")  # the loop's own default must still win: no network here
+    loop = _loop(tiny_digits, tmp_path, num_rounds=2, wandb_project="lightning-fl-tests")
+    loop.fit()
+    rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 1] and all(r["test_accuracy"] for r in rows)
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
