@@ -8,9 +8,11 @@ from lightning_fl.attacks.idlg import IDLGAttack
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
+from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
 
 __all__ = [
     "GRNN",
+    "ColludingClientInversion",
     "DLGAttack",
     "GRNNGenerator",
     "GradientAttack",
@@ -18,6 +20,7 @@ __all__ = [
     "IDLGAttack",
     "InvertingGradientsAttack",
     "IterationCallback",
+    "MIFace",
     "Reconstruction",
     "infer_labels",
     "leaked_batch_size",
