@@ -53,3 +53,12 @@ def test_bad_config_exits_with_one_line_naming_the_key(tmp_path, capsys, args: l
 def test_missing_data_path_is_a_config_error(tmp_path, capsys) -> None:
     rc = main(["fit", "--config", str(QUICKSTART), "--data.dataset", str(tmp_path / "missing")])
     assert rc == 2 and "nor an existing ImageFolder directory" in capsys.readouterr().err
+
+
+def test_print_config_shows_every_key_without_training(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert exit_info.value.code == 0
+    assert printed["loop"]["clients_per_round"] == 5 and printed["data"]["partition"] == "dirichlet"
+    assert not (tmp_path / "summary.json").exists()
