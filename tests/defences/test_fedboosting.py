@@ -153,7 +153,7 @@ def test_encrypted_fedboosting_with_fusion_equals_the_thesis_integer_aggregate(t
 def test_fedboosting_is_not_worse_than_fedavg_on_non_iid_digits(tmp_path) -> None:
     """Faster early convergence (thesis Sec. 4.3): after 4 rounds it leads 0.861 to 0.819 on this split.
 
-    After 15 rounds on stronger skew FedAvg is ahead; docs/reproduction.md reports and explains it.
+    After 15 rounds on a 4-client split FedAvg is ahead; docs/reproduction.md reports and explains why.
     """
     data = {"num_clients": 3, "alpha": 0.3, "image_size": 32, "val_fraction": 0.2}
     options = {"num_rounds": 4, "local_steps": None, "local_epochs": 4, "eval_every": 1, "checkpoint": False}
