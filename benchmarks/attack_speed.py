@@ -1,6 +1,6 @@
 """Attack speed: our batched gradient-matching engine vs the loop the papers' code writes, same model and image.
 
-Measures, single-threaded on CPU:
+Measures process CPU time (one torch thread; wall time moves with other jobs on a shared machine):
 
 1. time per gradient evaluation (one objective + its gradient w.r.t. the dummy data) for DLG and Inverting
    Gradients: the reference closure (``torch.autograd.grad(create_graph=True)`` over ``net.parameters()`` as in
@@ -109,42 +109,42 @@ class Reference:
     def eval_time(self, repeats: int) -> float:
         dummy = torch.rand(1, *self.input_shape).requires_grad_()
         soft = self.onehot.clone().requires_grad_()
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(repeats):
             loss = self._distance(dummy, soft)
             loss.backward()
-        return (time.perf_counter() - start) / repeats
+        return (time.process_time() - start) / repeats
 
 
 def _ours_eval_time(attack: GradientMatchingAttack, view: ServerView, repeats: int) -> float:
     states = attack.iterate(view)
     next(states)  # warm-up iteration
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(repeats):
         next(states)
-    return (time.perf_counter() - start) / repeats
+    return (time.process_time() - start) / repeats
 
 
 def _iterations_to_target(
     attack: GradientMatchingAttack, view: ServerView, truth: torch.Tensor, target: float, check_every: int
 ) -> tuple[int | None, float]:
     """Budget k at which the lowest-loss restart first reaches ``target`` dB, and the wall time to get there."""
-    start = time.perf_counter()
+    start = time.process_time()
     for state in attack.iterate(view):
         if (state.iteration + 1) % check_every == 0:
             best = int(state.losses.nan_to_num(torch.inf).argmin())
             if float(psnr(state.images[best].clamp(0, 1), truth)) >= target:
-                return state.iteration + 1, time.perf_counter() - start
-    return None, time.perf_counter() - start
+                return state.iteration + 1, time.process_time() - start
+    return None, time.process_time() - start
 
 
 def _reference_restarts(
     reference: Reference, inits: tuple[torch.Tensor, torch.Tensor], budget: int, truth: torch.Tensor
 ) -> tuple[float, float]:
     images, logits = inits
-    start = time.perf_counter()
+    start = time.process_time()
     results = [reference.run(images[r], logits[r], budget) for r in range(len(images))]
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     best_image, _ = min(results, key=lambda result: result[1])
     return seconds, float(psnr(best_image.clamp(0, 1), truth))
 
