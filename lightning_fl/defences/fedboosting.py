@@ -49,6 +49,7 @@ from lightning_fl.client import load_state_into
 from lightning_fl.defences.secure_aggregation import (
     EncryptedAggregate,
     PaillierAggregator,
+    check_payloads,
     client_side_decrypt,
     combine_updates,
 )
@@ -363,6 +364,7 @@ class FedBoosting(PaillierAggregator):
     ) -> dict[str, Tensor] | EncryptedAggregate:
         if self._link is None:
             raise RuntimeError("FedBoosting has no link to the clients; FederatedLoop.fit() calls setup(loop) first.")
+        check_payloads(updates, global_state=global_state)
         start = time.perf_counter()
         ids = [u.client_id for u in updates]
         shared = self._shared_models(updates)

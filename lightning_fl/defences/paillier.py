@@ -196,6 +196,9 @@ def private_key_from_state(state: dict[str, int]) -> PaillierPrivateKey:
 def encode_values(values: Tensor, *, spec: PackingSpec) -> list[int]:
     """Quantise, clip, offset and pack a flat tensor into Paillier plaintexts (module docstring, encoding).
 
+    Raises:
+        ValueError: if a value is NaN or infinite (it has no fixed-point code; the update is broken).
+
     Example:
         >>> import warnings
         >>> with warnings.catch_warnings():
@@ -204,6 +207,8 @@ def encode_values(values: Tensor, *, spec: PackingSpec) -> list[int]:
         >>> encode_values(torch.tensor([-1.0, 0.0, 0.5]), spec=spec)  # q = 0, 4, 6 in 4-bit slots
         [1600]
     """
+    if not torch.isfinite(values).all():
+        raise ValueError("cannot encode non-finite values (NaN or inf) for Paillier; the update is broken.")
     scaled = np.rint(
         np.clip(values.detach().double().cpu().numpy(), -spec.value_bound, spec.value_bound) * 2**spec.precision_bits
     )

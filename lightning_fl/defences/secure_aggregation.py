@@ -62,6 +62,7 @@ __all__ = [
     "PaillierAggregator",
     "PaillierEncryption",
     "SecureFedAvg",
+    "check_payloads",
     "client_side_decrypt",
     "combine_updates",
 ]
@@ -123,6 +124,27 @@ def combine_updates(
     elapsed = time.perf_counter() - start
     plaintext = _linear_combination([u.delta for u in updates], int_weights, normaliser) if updates[0].delta else {}
     return EncryptedAggregate(combined, plaintext, {"he_aggregate_s": elapsed})
+
+
+def check_payloads(updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]) -> None:
+    """Server side: the encrypted layers of every update must be layers of the global model, of its shapes.
+
+    Raises:
+        ValueError: naming the first client whose ciphertexts describe other tensors.
+    """
+    for update in updates:
+        if not isinstance(update.payload, EncryptedTensors):
+            continue
+        wrong = [
+            name
+            for name, shape in update.payload.shapes.items()
+            if name not in global_state or tuple(global_state[name].shape) != shape
+        ]
+        if wrong or set(update.payload.shapes) & set(update.delta):
+            raise ValueError(
+                f"client {update.client_id} sent ciphertexts for {wrong[:3] or sorted(update.payload.shapes)[:3]} "
+                "that do not match the global model's layers (or are also in its plaintext delta)."
+            )
 
 
 def client_side_decrypt(
@@ -188,6 +210,7 @@ class SecureFedAvg(PaillierAggregator):
     def aggregate(
         self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]
     ) -> dict[str, Tensor] | EncryptedAggregate:
+        check_payloads(updates, global_state=global_state)
         weights = [u.num_samples if self.weighted else 1 for u in updates]
         return combine_updates(updates, weights=weights, normaliser=sum(weights))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import pytest
@@ -84,6 +85,11 @@ def test_encode_clips_to_value_bound() -> None:
     spec = small_spec(value_bound=1.0)
     decoded = decode_values(encode_values(torch.tensor([-3.0, 0.5, 2.0]), spec=spec), spec=spec, count=3)
     assert decoded.tolist() == [-1.0, 0.5, 1.0]
+
+
+def test_encode_rejects_non_finite_values() -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        encode_values(torch.tensor([0.0, math.nan]), spec=small_spec())
 
 
 @pytest.mark.parametrize("packing", [True, False])

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl import FedAvg, FederatedCallback, FederatedLoop
+from lightning_fl.defences.paillier import encrypt_tensors, generate_keypair
 from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate, SecureFedAvg
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from tests.conftest import make_classifier
@@ -141,3 +142,11 @@ def test_paillier_encryption_rejects_bad_configuration_before_training(tmp_path,
 def test_paillier_encryption_rejects_packing_that_cannot_fit_the_key() -> None:
     with pytest.raises(ValueError, match=r"needs \d+-bit slots"):
         he_transform(precision_bits=40, value_bound=1.0, max_weight_sum=2**500)
+
+
+def test_secure_fedavg_rejects_ciphertexts_of_foreign_layers() -> None:
+    spec = he_transform().spec
+    payload = encrypt_tensors({"w": torch.zeros(4)}, public_key=generate_keypair(spec=spec)[0], spec=spec)
+    update = ClientUpdate(0, 0, {}, 10, 1.0, payload=payload)
+    with pytest.raises(ValueError, match=r"client 0 sent ciphertexts for \['w'\] that do not match"):
+        SecureFedAvg().aggregate([update], global_state={"w": torch.zeros(5)})
