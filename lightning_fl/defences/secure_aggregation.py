@@ -131,6 +131,9 @@ def check_payloads(updates: Sequence[ClientUpdate], *, global_state: dict[str, T
 
     Raises:
         ValueError: naming the first client whose ciphertexts describe other tensors.
+
+    Example:
+        >>> check_payloads([ClientUpdate(0, 0, {"w": torch.zeros(2)}, 1, 0.0)], global_state={"w": torch.zeros(2)})
     """
     for update in updates:
         if not isinstance(update.payload, EncryptedTensors):
