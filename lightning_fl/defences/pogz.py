@@ -30,7 +30,15 @@ from lightning_fl.transforms import ClientTransform
 if TYPE_CHECKING:
     from lightning_fl.loop import FederatedLoop
 
-__all__ = ["ALLOCATIONS", "Allocation", "PoGZNoise", "allocate_budget", "pogz_laplace_noise", "pogz_scores"]
+__all__ = [
+    "ALLOCATIONS",
+    "Allocation",
+    "PoGZNoise",
+    "allocate_budget",
+    "dpfl_noisy_update",
+    "pogz_laplace_noise",
+    "pogz_scores",
+]
 
 Allocation = Literal["pogz", "even", "inverse"]
 SensitivityMode = Literal["paper", "delta"]
@@ -165,6 +173,43 @@ def pogz_laplace_noise(
     }
 
 
+def dpfl_noisy_update(
+    delta: dict[str, Tensor],
+    *,
+    scores: dict[str, float],
+    epsilon: float,
+    clip_bound: float,
+    sensitivity: float,
+    allocation: Allocation = "pogz",
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip (Eq. 2), split epsilon (Eq. 3), per-layer Laplace (Eq. 4).
+
+    Args:
+        delta: the client's update, keyed by parameter name.
+        scores: PoGZ per layer (:func:`pogz_scores`); layers without parameters in ``delta`` are ignored.
+        epsilon: the upload's budget.
+        clip_bound: L1 bound :math:`\alpha`.
+        sensitivity: :math:`\Delta f` (:math:`2\eta\alpha` in the paper).
+        allocation: ``pogz``, ``even`` or ``inverse`` (see :data:`ALLOCATIONS`).
+        generator: random source.
+
+    Example:
+        >>> noisy = dpfl_noisy_update({"fc.weight": torch.tensor([3.0, -1.0])}, scores={"fc": 0.5}, epsilon=1.0,
+        ...                           clip_bound=2.0, sensitivity=0.0)
+        >>> noisy["fc.weight"]
+        tensor([ 1.5000, -0.5000])
+    """
+    used = {k: v for k, v in scores.items() if any(key.startswith(f"{k}.") for key in delta)}
+    budgets = allocate_budget(weights=ALLOCATIONS[allocation](list(used.values())), epsilon=epsilon)
+    return pogz_laplace_noise(
+        clip_state(delta, max_norm=clip_bound, p=1.0),
+        layer_epsilons=dict(zip(used, budgets, strict=True)),
+        sensitivity=sensitivity,
+        generator=generator,
+    )
+
+
 class PoGZNoise(PrivacyLedger, ClientTransform):
     r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip, then per-layer Laplace noise split by PoGZ.
 
@@ -221,24 +266,19 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
             raise ValueError("PoGZNoise(sensitivity='paper') needs the learning rate eta: set PoGZNoise(lr=...).")
         return 2.0 * eta * self.clip_bound
 
-    def layer_epsilons(self, scores: dict[str, float]) -> dict[str, float]:
-        """Per-layer budgets from PoGZ scores under this transform's allocation."""
-        weights = ALLOCATIONS[self.allocation](list(scores.values()))
-        return dict(zip(scores, allocate_budget(weights=weights, epsilon=self.epsilon), strict=True))
-
     @override
     def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
         client = loop.clients[update.client_id]
         if self.extra_pogz not in client.extra:
             client.extra[self.extra_pogz] = pogz_scores(loop.worker, loop.datamodule.val_dataloader(update.client_id))
-        scores = {k: v for k, v in client.extra[self.extra_pogz].items() if any(_in(p, k) for p in update.delta)}
-        clipped = clip_state(update.delta, max_norm=self.clip_bound, p=1.0)
-        generator = torch.Generator().manual_seed(loop.round_seed("dpfl", update.client_id))
-        noisy = pogz_laplace_noise(
-            clipped,
-            layer_epsilons=self.layer_epsilons(scores),
+        noisy = dpfl_noisy_update(
+            update.delta,
+            scores=client.extra[self.extra_pogz],
+            epsilon=self.epsilon,
+            clip_bound=self.clip_bound,
             sensitivity=self.sensitivity(update.metadata.get("lr")),
-            generator=generator,
+            allocation=self.allocation,
+            generator=torch.Generator().manual_seed(loop.round_seed("dpfl", update.client_id)),
         )
         self._uploads[update.client_id] = self._uploads.get(update.client_id, 0) + 1
         client.extra[self.extra_uploads] = self._uploads[update.client_id]
@@ -260,7 +300,3 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
     @override
     def epsilon_projected(self, loop: FederatedLoop) -> float:
         return self.epsilon_spent() + self.epsilon
-
-
-def _in(key: str, layer: str) -> bool:
-    return key.startswith(f"{layer}.")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import copy
+import importlib.util
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from torch import nn
@@ -14,9 +13,13 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
 from lightning_fl.defences.pogz import ALLOCATIONS
 from lightning_fl.loop import FederatedLoop
-from lightning_fl.privacy import clip_state, state_norm
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
+
+# the Table II protocol lives in benchmarks/dp_tables.py (loaded by path: `benchmarks` is also a site-packages name)
+_spec = importlib.util.spec_from_file_location("dp_tables", Path(__file__).parents[2] / "benchmarks" / "dp_tables.py")
+dp_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dp_tables)
 
 
 def _known_net() -> nn.Sequential:
@@ -114,44 +117,11 @@ def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expect
     assert noise.abs().mean() == pytest.approx(expected_scale, rel=0.05)
 
 
-def _one_noisy_epoch_accuracy(allocation: str, epsilon: float) -> float:
-    """DPFL Table II protocol (spec A.2.8): one epoch's update of a trained model, clipped, noised, applied."""
-    dm = FederatedDataModule("digits", num_clients=1, partition="iid", image_size=16, val_fraction=0.2, seed=0)
-    trainer = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
-    trainer |= {"enable_model_summary": False, "accelerator": "cpu"}
-    torch.manual_seed(0)
-    model = make_classifier(dm, lr=1e-2)
-    L.Trainer(max_epochs=8, **trainer).fit(model, dm.train_dataloader(0, seed=0))
-    scores = pogz_scores(model, dm.val_dataloader(0))
-    tuned = copy.deepcopy(model)
-    L.Trainer(max_epochs=1, **trainer).fit(tuned, dm.train_dataloader(0, seed=1))
-    before = model.state_dict()
-    delta = {k: tuned.state_dict()[k] - before[k] for k in before if k.startswith("backbone")}
-    alpha = float(state_norm(delta, p=1.0))
-    budgets = dict(
-        zip(
-            scores,
-            allocate_budget(weights=ALLOCATIONS[allocation](list(scores.values())), epsilon=epsilon),
-            strict=True,
-        )
-    )
-    accuracies = []
-    for seed in range(3):
-        noisy = pogz_laplace_noise(
-            clip_state(delta, max_norm=alpha, p=1.0),
-            layer_epsilons=budgets,
-            sensitivity=2 * 1e-2 * alpha,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in before.items()})
-        accuracies.append(L.Trainer(**trainer).test(model, dm.test_dataloader(), verbose=False)[0]["test_acc"])
-    return sum(accuracies) / len(accuracies)
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="DPFL Table II direction (PoGZ > even at equal epsilon) does not reproduce on digits with the DLG LeNet: "
     "PoGZ gives the logit layer the least budget and its noise costs most (docs/reproduction.md).",
 )
 def test_pogz_allocation_beats_even_allocation_at_equal_epsilon() -> None:
-    assert _one_noisy_epoch_accuracy("pogz", 100.0) > _one_noisy_epoch_accuracy("even", 100.0)
+    """DPFL Table II protocol (spec A.2.8), shared with benchmarks/dp_tables.py."""
+    assert dp_tables.one_noisy_epoch_accuracy("pogz", [100.0]) > dp_tables.one_noisy_epoch_accuracy("even", [100.0])
