@@ -10,7 +10,7 @@ from lightning_fl.defences.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_
 from lightning_fl.defences.paillier import PackingSpec
 from lightning_fl.defences.passport import PassportConv2d, Passports, add_passports
 from lightning_fl.defences.per_example_dp import ClientDPSGD, FedCDP, PerExampleDP
-from lightning_fl.defences.pogz import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
+from lightning_fl.defences.pogz import PoGZNoise, allocate_budget, dpfl_noisy_update, pogz_laplace_noise, pogz_scores
 from lightning_fl.defences.secure_aggregation import PaillierEncryption, SecureFedAvg
 from lightning_fl.defences.server_dp import FedSDP, FedSDPServerNoise
 from lightning_fl.defences.server_finetune import PublicFineTune
@@ -47,6 +47,7 @@ __all__: list[str] = [
     "add_keylock",
     "add_passports",
     "allocate_budget",
+    "dpfl_noisy_update",
     "lock_parameter_share",
     "pogz_laplace_noise",
     "pogz_scores",
