@@ -15,6 +15,7 @@ with a higher PoGZ), although the contribution list says the opposite (``"invers
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -283,15 +284,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
         self._uploads[update.client_id] = self._uploads.get(update.client_id, 0) + 1
         client.extra[self.extra_uploads] = self._uploads[update.client_id]
         loop.log_metrics({"epsilon_round": self.epsilon, "epsilon": self.epsilon_spent()})
-        return ClientUpdate(
-            client_id=update.client_id,
-            round_idx=update.round_idx,
-            delta=noisy,
-            num_samples=update.num_samples,
-            loss=update.loss,
-            metadata={**update.metadata, "clip_bound": self.clip_bound},
-            payload=update.payload,
-        )
+        return replace(update, delta=noisy, metadata={**update.metadata, "clip_bound": self.clip_bound})
 
     @override
     def epsilon_spent(self) -> float:

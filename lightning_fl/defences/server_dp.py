@@ -8,6 +8,7 @@ type-0/1 leakage (the aggregate, the shared update) but not type-2 (local gradie
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,13 +31,28 @@ class _ClientLevelLedger(PrivacyLedger):
     r"""Client-level accounting of Fed-SDP (Sec. IV-B): one Gaussian step per round at :math:`q_2 = K_t/K`."""
 
     def _init_ledger(
-        self, noise_multiplier: float, delta: float, accountant: AccountantName, conversion: Conversion, offset: int
+        self,
+        max_grad_norm: float,
+        noise_multiplier: float,
+        delta: float,
+        accountant: AccountantName,
+        conversion: Conversion,
+        offset: int,
     ) -> None:
+        if max_grad_norm <= 0:
+            raise ValueError(
+                f"{type(self).__name__}(max_grad_norm={max_grad_norm}) must be > 0; it is the clip bound C."
+            )
         if noise_multiplier < 0:
             raise ValueError(f"{type(self).__name__}(noise_multiplier={noise_multiplier}) must be >= 0.")
         if not 0 < delta < 1:
             raise ValueError(f"{type(self).__name__}(delta={delta}) must be in (0, 1).")
-        self.noise_multiplier, self.delta, self.steps_offset = noise_multiplier, delta, offset
+        self.max_grad_norm, self.noise_multiplier, self.delta, self.steps_offset = (
+            max_grad_norm,
+            noise_multiplier,
+            delta,
+            offset,
+        )
         self.privacy_accountant = PrivacyAccountant(accountant, conversion=conversion)
         self._accounted_round = -1
 
@@ -112,10 +128,7 @@ class FedSDP(_ClientLevelLedger, ClientTransform):
         conversion: Conversion = "improved",
         steps_offset: int = 0,
     ) -> None:
-        if max_grad_norm <= 0:
-            raise ValueError(f"FedSDP(max_grad_norm={max_grad_norm}) must be > 0; it is the clip bound C.")
-        self.max_grad_norm = max_grad_norm
-        self._init_ledger(noise_multiplier, delta, accountant, conversion, steps_offset)
+        self._init_ledger(max_grad_norm, noise_multiplier, delta, accountant, conversion, steps_offset)
 
     @override
     def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
@@ -125,15 +138,7 @@ class FedSDP(_ClientLevelLedger, ClientTransform):
             std = self.noise_multiplier * self.max_grad_norm
             clipped = {k: v + gaussian_noise(v, std=std, generator=generator) for k, v in clipped.items()}
             self._account_round(loop)
-        return ClientUpdate(
-            client_id=update.client_id,
-            round_idx=update.round_idx,
-            delta=clipped,
-            num_samples=update.num_samples,
-            loss=update.loss,
-            metadata={**update.metadata, "clip_bound": self.max_grad_norm},
-            payload=update.payload,
-        )
+        return replace(update, delta=clipped, metadata={**update.metadata, "clip_bound": self.max_grad_norm})
 
 
 class FedSDPServerNoise(_ClientLevelLedger, ServerTransform):
@@ -165,10 +170,7 @@ class FedSDPServerNoise(_ClientLevelLedger, ServerTransform):
         conversion: Conversion = "improved",
         steps_offset: int = 0,
     ) -> None:
-        if max_grad_norm <= 0:
-            raise ValueError(f"FedSDPServerNoise(max_grad_norm={max_grad_norm}) must be > 0.")
-        self.max_grad_norm = max_grad_norm
-        self._init_ledger(noise_multiplier, delta, accountant, conversion, steps_offset)
+        self._init_ledger(max_grad_norm, noise_multiplier, delta, accountant, conversion, steps_offset)
 
     @override
     def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
