@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from torch import nn
@@ -11,10 +11,17 @@ from lightning_fl.models.classifier import ImageClassifier
 
 __all__ = ["DefendedClassifier", "ModelDefence"]
 
-ModelDefence = Callable[[nn.Module], nn.Module]
-"""A retrofit: takes a backbone, changes it in place (private layers, passports, key-locks) and returns it, e.g.
-:class:`~lightning_fl.defences.Passports`, :class:`~lightning_fl.defences.KeyLocks`,
-:class:`~lightning_fl.defences.PrivateSplit`."""
+
+class ModelDefence:
+    """A retrofit: called on a backbone, changes it in place (private layers, passports, key-locks) and returns it.
+
+    Subclasses (:class:`~lightning_fl.defences.Passports`, :class:`~lightning_fl.defences.KeyLocks`,
+    :class:`~lightning_fl.defences.PrivateSplit`) hold the options and delegate to a retrofit function; being
+    classes, they can be chosen in YAML with ``class_path``/``init_args``.
+    """
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(model) -> model.")
 
 
 class DefendedClassifier(ImageClassifier):

@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from lightning_fl.defences.classifier import ModelDefence
+
 __all__ = ["KeyLock", "KeyLockNorm2d", "KeyLocks", "LockActivation", "add_keylock", "lock_parameter_share"]
 
 LockActivation = Literal["none", "relu", "sigmoid"]
@@ -228,7 +230,7 @@ def lock_parameter_share(model: nn.Module) -> float:
     return locked / (sum(t.numel() for t in model.state_dict().values()) - keys)
 
 
-class KeyLocks:
+class KeyLocks(ModelDefence):
     """FedKL as a model defence: ``KeyLocks()(model)`` calls :func:`add_keylock`.
 
     Use it in :class:`~lightning_fl.defences.DefendedClassifier` (and YAML configs) to retrofit a backbone.

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_fl.defences.classifier import ModelDefence
+
 __all__ = ["PassportConv2d", "PassportDistribution", "PassportReduction", "Passports", "add_passports"]
 
 PassportDistribution = Literal["uniform", "normal"]
@@ -246,7 +248,7 @@ def add_passports(
     return model
 
 
-class Passports:
+class Passports(ModelDefence):
     """FDL-PP as a model defence: ``Passports(num_convs=1)(model)`` calls :func:`add_passports`.
 
     Use it in :class:`~lightning_fl.defences.DefendedClassifier` (and YAML configs) to retrofit a backbone.

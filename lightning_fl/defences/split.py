@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from lightning_fl.defences.classifier import ModelDefence
 from lightning_fl.private import mark_private, private_modules
 
 __all__ = ["PrivateFineTuning", "PrivateSplit", "split_private"]
@@ -72,7 +73,7 @@ def _first_linear_after(leaves: list[tuple[str, nn.Module]], start: int) -> int:
     return next((i for i in range(start, len(leaves)) if isinstance(leaves[i][1], nn.Linear)), len(leaves))
 
 
-class PrivateSplit:
+class PrivateSplit(ModelDefence):
     """The splitfed baseline as a model defence: ``PrivateSplit(cut=1)(model)`` calls :func:`split_private`.
 
     Args:
