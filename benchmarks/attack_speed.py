@@ -104,7 +104,7 @@ class Reference:
             schedule.step()
             with torch.no_grad():
                 dummy.data = torch.clamp(dummy, 0, 1)
-        return dummy.detach(), float(loss)
+        return dummy.detach(), float(loss.detach())
 
     def eval_time(self, repeats: int) -> float:
         dummy = torch.rand(1, *self.input_shape).requires_grad_()
@@ -184,13 +184,32 @@ def bench(
     return row
 
 
+def restart_sweep(image_size: int, counts: list[int]) -> None:
+    """Print our per-restart iteration time relative to the reference's evaluation, for several restart counts."""
+    view, _, labels = _problem(image_size)
+    makers = {
+        "dlg": lambda **kw: DLGAttack(progress_bar=False, **kw),
+        "inverting_gradients": lambda **kw: InvertingGradientsAttack(progress_bar=False, **kw),
+    }
+    for name, make in makers.items():
+        ref = Reference(view, make(restarts=1, max_iterations=10), labels).eval_time(40)
+        ratios = {
+            r: round(_ours_eval_time(make(restarts=r, max_iterations=10**6), view, 40) / r / ref, 2) for r in counts
+        }
+        print(json.dumps({"attack": name, "ref_ms_per_eval": round(1e3 * ref, 3), "ratio_per_restart": ratios}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--restarts", type=int, default=4)
     parser.add_argument("--output", type=str, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--sweep", type=int, nargs="*", default=None, help="only time these restart counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.sweep:
+        restart_sweep(args.image_size, args.sweep)
+        return
     rows = [
         bench(
             "dlg",
@@ -207,7 +226,7 @@ def main() -> None:
             image_size=args.image_size,
             restarts=args.restarts,
             target=15.0,
-            max_iterations=600,
+            max_iterations=1000,
             check_every=50,
         ),
     ]
