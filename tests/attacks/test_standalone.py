@@ -76,3 +76,10 @@ def test_attack_configs_parse(name: str, capsys: pytest.CaptureFixture) -> None:
 
 def test_infer_labels_is_exported_for_standalone_use() -> None:
     assert infer_labels(torch.tensor([[1.0], [-1.0]]), num_images=1).tolist() == [1]
+
+
+def test_fedsgd_fit_config_with_gradient_leakage_parses(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "dlg_lenet_digits_fedsgd.yaml"), "--print_config"])
+    assert exit_info.value.code == 0
+    assert "class_path: lightning_fl.callbacks.GradientLeakage" in capsys.readouterr().out
