@@ -255,13 +255,18 @@ class GRNN(GradientAttack):
         loss: reading of Eq. 3.4, ``"thesis"`` or ``"reference"`` (authors' code); see :data:`GRNN_LOSSES`.
         latent_dim: :math:`g_{in}`.
         width: generator width :math:`d`.
-        batch_size: images to reconstruct; ``None`` takes ``view.metadata["batch_size"]``.
+        batch_size: images to reconstruct; ``None``: all images behind the view
+            (:func:`~lightning_fl.attacks.gradient_matching.leaked_batch_size`, batch size x local steps).
         seed: seed of the latent and of the generator's initialisation.
         progress_bar: show a rich progress bar.
 
     Raises:
         ValueError: for a non-positive ``iterations``, ``lr``, ``latent_dim``, ``width`` or ``batch_size``, a
             negative ``tv_weight``, or an unknown ``loss``.
+
+    Example:
+        >>> GRNN(iterations=500, progress_bar=False)
+        GRNN(iterations=500, lr=0.0001, momentum=0.99, tv_weight=0.001, loss='reference', latent_dim=128, width=32)
     """
 
     name = "grnn"
