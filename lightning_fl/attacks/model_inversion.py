@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -263,7 +262,13 @@ class ColludingClientInversion(GradientAttack):
         cut = private_cut(view.model, input_shape=input_shape)
         feature_shape = forward_to_cut(view.model, cut, torch.zeros(1, *input_shape)).shape[1:]
         public_view = _public_view(view, cut, feature_shape)
-        final: MatchingState = deque(self.feature_attack.iterate(public_view), maxlen=1)[0]
+        final: MatchingState | None = None
+        with Progress(disable=not self.progress_bar, transient=True) as progress:
+            task = progress.add_task("colluding MI: private output", total=self.feature_attack.max_iterations)
+            for state in self.feature_attack.iterate(public_view):
+                progress.advance(task)
+                final = state
+        assert final is not None  # the feature attack checks max_iterations > 0
         best = int(final.losses.nan_to_num(torch.inf).argmin())
         return final.images[best].detach(), final.labels[best].clone()
 
