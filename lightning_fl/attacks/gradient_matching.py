@@ -31,7 +31,7 @@ from torch.func import replace_all_batch_norm_modules_, vmap
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.batched_lbfgs import BatchedLBFGS
-from lightning_fl.attacks.labels import LabelStrategy, infer_labels, last_layer_weight_name
+from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, infer_labels, last_layer_weight_name
 from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.messages import ServerView
 
@@ -309,6 +309,7 @@ class GradientMatchingAttack(GradientAttack):
     ) -> None:
         choices = {"distance": (distance, DISTANCES), "optimizer": (optimizer, ("lbfgs", "adam"))}
         choices |= {"labels": (labels, ("optimise", "infer")), "init": (init, ("randn", "rand", "patterned"))}
+        choices |= {"label_strategy": (label_strategy, LABEL_STRATEGIES)}
         for field, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{type(self).__name__}({field}={value!r}) is unknown; use one of {sorted(allowed)}.")
