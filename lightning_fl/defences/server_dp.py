@@ -28,16 +28,26 @@ __all__ = ["FedSDP", "FedSDPServerNoise"]
 
 
 class _ClientLevelLedger(PrivacyLedger):
-    r"""Client-level accounting of Fed-SDP (Sec. IV-B): one Gaussian step per round at :math:`q_2 = K_t/K`."""
+    r"""Fed-SDP's options and client-level accounting (Sec. IV-B): one Gaussian step per round at :math:`q_2 = K_t/K`.
 
-    def _init_ledger(
+    Args:
+        noise_multiplier: :math:`\sigma`.
+        max_grad_norm: per-layer clip bound C (the sensitivity).
+        delta: target delta of the reported epsilon.
+        accountant: ``rdp`` or ``prv``.
+        conversion: ``improved`` or ``classic``.
+        steps_offset: extra steps counted once (1 reproduces Table VI).
+    """
+
+    def __init__(
         self,
-        max_grad_norm: float,
-        noise_multiplier: float,
-        delta: float,
-        accountant: AccountantName,
-        conversion: Conversion,
-        offset: int,
+        *,
+        noise_multiplier: float = 6.0,
+        max_grad_norm: float = 4.0,
+        delta: float = 1e-5,
+        accountant: AccountantName = "rdp",
+        conversion: Conversion = "improved",
+        steps_offset: int = 0,
     ) -> None:
         if max_grad_norm <= 0:
             raise ValueError(
@@ -47,12 +57,8 @@ class _ClientLevelLedger(PrivacyLedger):
             raise ValueError(f"{type(self).__name__}(noise_multiplier={noise_multiplier}) must be >= 0.")
         if not 0 < delta < 1:
             raise ValueError(f"{type(self).__name__}(delta={delta}) must be in (0, 1).")
-        self.max_grad_norm, self.noise_multiplier, self.delta, self.steps_offset = (
-            max_grad_norm,
-            noise_multiplier,
-            delta,
-            offset,
-        )
+        self.max_grad_norm, self.noise_multiplier, self.delta = max_grad_norm, noise_multiplier, delta
+        self.steps_offset = steps_offset
         self.privacy_accountant = PrivacyAccountant(accountant, conversion=conversion)
         self._accounted_round = -1
 
@@ -118,18 +124,6 @@ class FedSDP(_ClientLevelLedger, ClientTransform):
         {'w': tensor([0.6000, 0.8000])}
     """
 
-    def __init__(
-        self,
-        *,
-        noise_multiplier: float = 6.0,
-        max_grad_norm: float = 4.0,
-        delta: float = 1e-5,
-        accountant: AccountantName = "rdp",
-        conversion: Conversion = "improved",
-        steps_offset: int = 0,
-    ) -> None:
-        self._init_ledger(max_grad_norm, noise_multiplier, delta, accountant, conversion, steps_offset)
-
     @override
     def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
         clipped = clip_per_tensor(update.delta, max_norm=self.max_grad_norm)
@@ -159,18 +153,6 @@ class FedSDPServerNoise(_ClientLevelLedger, ServerTransform):
     Raises:
         ValueError: on a non-positive clip bound, negative noise or a delta outside (0, 1).
     """
-
-    def __init__(
-        self,
-        *,
-        noise_multiplier: float = 6.0,
-        max_grad_norm: float = 4.0,
-        delta: float = 1e-5,
-        accountant: AccountantName = "rdp",
-        conversion: Conversion = "improved",
-        steps_offset: int = 0,
-    ) -> None:
-        self._init_ledger(max_grad_norm, noise_multiplier, delta, accountant, conversion, steps_offset)
 
     @override
     def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
