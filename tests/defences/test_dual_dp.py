@@ -72,3 +72,15 @@ def test_training_stops_when_the_budget_is_spent_never_after(tmp_path: Path) -> 
 def test_dual_dp_needs_exactly_one_of_budget_and_sigma() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         DualDP(target_epsilon=None, noise_multiplier=None)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"mode": "per_round"}, "per_client"), ({"sensitivity": -1.0}, ">= 0")])
+def test_downlink_noise_rejects_bad_settings(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DownlinkNoise(**kwargs)
+
+
+def test_downlink_noise_without_sigma_or_dual_dp_says_what_to_add(tmp_path: Path) -> None:
+    loop = _loop(tmp_path, [], [])
+    with pytest.raises(ValueError, match="needs a DualDP"):
+        DownlinkNoise()(loop.global_public_state(), client_id=0, loop=loop)

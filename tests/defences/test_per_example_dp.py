@@ -249,3 +249,12 @@ def test_decaying_the_clip_bound_beats_a_constant_one_at_equal_epsilon(tmp_path:
     decay = _fed_cdp_accuracy(tmp_path / "decay", Schedule(6.0, end=2.0, kind="linear", num_rounds=10))
     assert decay >= constant + 0.05
     assert constant > 0.2  # both learn something; the decay wins on noise, not on luck
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"accounting": "global"}, "'client' or 'paper'"), ({"delta": 0.0}, "delta"), ({"steps_offset": -1}, ">= 0")],
+)
+def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        FedCDP(**kwargs)
