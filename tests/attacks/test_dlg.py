@@ -15,3 +15,13 @@ def test_dlg_reconstructs_one_digit_above_30_db() -> None:
     assert scores["psnr"] >= 30.0
     assert scores["label_accuracy"] == 1.0
     assert reconstruction.loss_history[-1] < 1e-3 * reconstruction.loss_history[0]
+
+
+def test_dlg_reports_every_iteration_to_the_callback() -> None:
+    view, _ = digits_view(batch_size=1, image_size=16)
+    seen: list[tuple[int, float]] = []
+    reconstruction = DLGAttack(max_iterations=5, progress_bar=False).reconstruct(
+        view, callback=lambda i, loss: seen.append((i, loss))
+    )
+    assert [i for i, _ in seen] == list(range(5))
+    assert [loss for _, loss in seen] == reconstruction.loss_history
