@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -241,6 +242,7 @@ class FederatedLoop:
         self._worker: L.LightningModule | None = None
         self._current_client: int | None = None
         self._received: dict[str, Tensor] = {}
+        self._broadcast_offsets: dict[int, dict[str, Tensor]] = {}
         self.loggers: list[Logger] = []
 
     # -- configuration helpers --------------------------------------------------------------------------
@@ -358,7 +360,26 @@ class FederatedLoop:
         state = {k: v.detach().clone() for k, v in self.global_public_state().items()}
         for transform in self.broadcast_transforms:
             state = transform(state, client_id=client_id, loop=self)
+        if any(t.persistent for t in self.broadcast_transforms):
+            public = self.global_public_state()
+            self._broadcast_offsets[client_id] = {k: state[k] - public[k] for k in self._delta_keys()}
         return state
+
+    def _against_global(self, update: ClientUpdate) -> ClientUpdate:
+        """Server side, for persistent broadcast transforms: measure ``update`` against the global state.
+
+        ``delta + (received - global) = w_k - w``, so aggregation averages client models (2DP-FL) instead of
+        forgetting what the broadcast added.
+        """
+        offset = self._broadcast_offsets.pop(update.client_id, None)
+        if offset is None:
+            return update
+        if update.payload is not None:
+            raise ValueError(
+                "a persistent broadcast transform cannot be combined with an encrypted update payload; "
+                "the server cannot add the broadcast offset to ciphertexts."
+            )
+        return dataclasses.replace(update, delta={k: v + offset[k] for k, v in update.delta.items()})
 
     def _make_trainer(self, callbacks: list[L.Callback]) -> L.Trainer:
         steps = (
@@ -481,6 +502,7 @@ class FederatedLoop:
     def run_round(self) -> dict[str, Any]:
         """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
         self._round_metrics = {}
+        self._broadcast_offsets.clear()
         selected = self.select_clients()
         for cb in self.callbacks:
             cb.on_round_start(self, self.round_idx, selected)
@@ -490,6 +512,7 @@ class FederatedLoop:
                 f"round {self.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
                 f"but loop.min_clients={self.min_clients}; see the warnings above for why clients were dropped."
             )
+        updates = [self._against_global(u) for u in updates]
         self.selector.observe(updates)
         global_state = self.global_public_state()
         aggregate = self.aggregator.aggregate(updates, global_state=global_state)

@@ -60,7 +60,16 @@ class ServerTransform(_Stateful):
 
 
 class BroadcastTransform(_Stateful):
-    """Server-side: transform the public global state sent to one client."""
+    """Server-side: transform the public global state sent to one client.
+
+    Attributes:
+        persistent: whether the change this transform makes stays in the model the client returns. If true
+            (2DP-FL's downlink noise), aggregation averages the client *models*: the server measures each
+            update against its own global state, ``w_k - w``, which carries the client's perturbation along.
+            If false, perturbations are forgotten: updates are measured against what each client received.
+    """
+
+    persistent: bool = False
 
     def __call__(self, state: dict[str, Tensor], *, client_id: int, loop: FederatedLoop) -> dict[str, Tensor]:
         raise NotImplementedError(f"{type(self).__name__} must implement __call__(state, client_id=..., loop=...).")

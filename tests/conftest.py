@@ -7,11 +7,11 @@ import os
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from lightning_fl.datamodules import FederatedDataModule  # noqa: E402
-from lightning_fl.models import ImageClassifier  # noqa: E402
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.models import ImageClassifier
 
 torch.set_num_threads(int(os.environ.get("LIGHTNING_FL_TEST_THREADS", "1")))
 

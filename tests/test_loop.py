@@ -7,7 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_fl import ClientTransform, ClientUpdate, FederatedCallback, FederatedLoop, mark_private, private_state
+from lightning_fl import (
+    BroadcastTransform,
+    ClientTransform,
+    ClientUpdate,
+    FederatedCallback,
+    FederatedLoop,
+    mark_private,
+    private_state,
+)
 from lightning_fl.datamodules import FederatedDataModule
 from tests.conftest import make_classifier
 
@@ -192,3 +200,29 @@ def test_loggers_step_by_round_and_wandb_stays_offline(tiny_digits, tmp_path, mo
     rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [0, 1] and all(r["test_accuracy"] for r in rows)
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+class _ShiftBias(BroadcastTransform):
+    """Adds 1 to the classifier bias of the model sent to each client."""
+
+    def __init__(self, persistent: bool) -> None:
+        self.persistent = persistent
+
+    def __call__(self, state, *, client_id, loop):
+        return {k: v + 1.0 if k == "backbone.fc.bias" else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_persistent_broadcast_averages_models_not_changes(tiny_digits, tmp_path, persistent: bool) -> None:
+    recorder = _Recorder()
+    loop = _loop(
+        tiny_digits, tmp_path, broadcast_transforms=[_ShiftBias(persistent)], callbacks=[recorder], num_rounds=1
+    )
+    before = loop.global_model.state_dict()["backbone.fc.bias"].clone()
+    loop.fit()
+    weights = torch.tensor([float(u.num_samples) for u in recorder.updates])
+    mean_delta = sum(
+        w * u.delta["backbone.fc.bias"] for w, u in zip(weights / weights.sum(), recorder.updates, strict=True)
+    )
+    expected = before + mean_delta + (1.0 if persistent else 0.0)
+    assert torch.allclose(loop.global_model.state_dict()["backbone.fc.bias"], expected, atol=1e-6)

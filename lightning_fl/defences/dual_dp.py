@@ -115,27 +115,35 @@ class DownlinkNoise(BroadcastTransform):
     modes: ``per_client`` (independent noise per client, 2DP-FL), ``shared`` (one draw for all clients in a
     round, "the common method") and ``none``. Noise is added to the model's parameters, not its buffers.
     Inferred (spec B.10-2, B.10-3): S is a server-side sensitivity constant and sigma defaults to the
-    clients' DP-SGD multiplier (the :class:`DualDP` in ``loop.callbacks``). Deviation: the loop aggregates each
-    client's change relative to the model it received, so the downlink noise does not accumulate in the
-    global model (the paper averages the noisy local models).
+    clients' DP-SGD multiplier (the :class:`DualDP` in ``loop.callbacks``). With ``accumulate=True`` (the
+    paper) the server averages the noisy local models, so the downlink noise stays in the global model
+    (see :attr:`~lightning_fl.transforms.BroadcastTransform.persistent`); ``accumulate=False`` measures each
+    update against the model its client received and forgets the noise.
 
     Args:
         sensitivity: S.
         noise_multiplier: :math:`\sigma`; ``None`` takes it from the loop's :class:`ClientDPSGD` callback.
         mode: ``per_client``, ``shared`` or ``none``.
+        accumulate: keep the downlink noise in the aggregate (the paper's model averaging).
 
     Raises:
         ValueError: on a negative sensitivity or an unknown mode; at run time when no sigma can be found.
     """
 
     def __init__(
-        self, *, sensitivity: float = 0.1, noise_multiplier: float | None = None, mode: ServerNoiseMode = "per_client"
+        self,
+        *,
+        sensitivity: float = 0.1,
+        noise_multiplier: float | None = None,
+        mode: ServerNoiseMode = "per_client",
+        accumulate: bool = True,
     ) -> None:
         if sensitivity < 0:
             raise ValueError(f"DownlinkNoise(sensitivity={sensitivity}) must be >= 0.")
         if mode not in ("per_client", "shared", "none"):
             raise ValueError(f"DownlinkNoise(mode={mode!r}) is unknown; use 'per_client', 'shared' or 'none'.")
         self.sensitivity, self.noise_multiplier, self.mode = sensitivity, noise_multiplier, mode
+        self.persistent = accumulate
 
     def _sigma(self, loop: FederatedLoop) -> float:
         if self.noise_multiplier is not None:

@@ -16,7 +16,7 @@ def test_client_splits_are_disjoint_and_cover_the_training_set() -> None:
 def test_images_are_in_unit_range_with_the_requested_size() -> None:
     dm = FederatedDataModule("lfw_faces", num_clients=2, image_size=24, channels=3)
     images, labels = next(iter(dm.train_dataloader(0)))
-    assert images.shape[1:] == (3, 24, 24) and 0.0 <= images.min() and images.max() <= 1.0
+    assert images.shape[1:] == (3, 24, 24) and images.min() >= 0.0 and images.max() <= 1.0
     assert dm.num_classes == 2 and labels.max() <= 1
 
 
@@ -28,7 +28,7 @@ def test_train_loader_order_is_fixed_by_seed() -> None:
 
 
 def test_unknown_dataset_names_the_field() -> None:
-    with pytest.raises(ValueError, match="data.dataset='not-a-dataset' is neither a known dataset"):
+    with pytest.raises(ValueError, match=r"data\.dataset='not-a-dataset' is neither a known dataset"):
         load_dataset("not-a-dataset", train=True)
 
 

@@ -11,8 +11,13 @@ LABELS = np.repeat(np.arange(10), 50)
 
 @pytest.mark.parametrize(
     ("scheme", "options"),
-    [("iid", {}), ("dirichlet", {"alpha": 0.5}), ("dirichlet", {"alpha": 100.0}), ("shards", {"shards_per_client": 2}),
-     ("label_buckets", {})],
+    [
+        ("iid", {}),
+        ("dirichlet", {"alpha": 0.5}),
+        ("dirichlet", {"alpha": 100.0}),
+        ("shards", {"shards_per_client": 2}),
+        ("label_buckets", {}),
+    ],
 )
 def test_partition_covers_every_sample_exactly_once(scheme: str, options: dict) -> None:
     parts = partition(LABELS, scheme=scheme, num_clients=7, seed=3, **options)
@@ -59,7 +64,7 @@ def test_label_buckets_follow_the_2dpfl_groups() -> None:
 
 def test_overlapping_buckets_draw_from_the_whole_set() -> None:
     parts = label_bucket_partition(LABELS, num_clients=5, overlapping=True, seed=0)
-    assert [tuple(np.unique(LABELS[p]).tolist()) for p in parts][0] == (0, 1, 2, 3)
+    assert tuple(np.unique(LABELS[parts[0]]).tolist()) == (0, 1, 2, 3)
     assert sum(len(p) for p in parts) == 2 * len(LABELS)  # each label lies in exactly two buckets
 
 

@@ -17,8 +17,11 @@ def test_every_backbone_takes_any_channel_and_class_count(name: str, channels: i
 def test_dlg_lenet_matches_the_papers_architecture() -> None:
     net = LeNetDLG(in_channels=3, num_classes=10)
     convs = [m for m in net.body if isinstance(m, torch.nn.Conv2d)]
-    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [(12, (5, 5), (2, 2)), (12, (5, 5), (2, 2)),
-                                                                          (12, (5, 5), (1, 1))]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (12, (5, 5), (2, 2)),
+        (12, (5, 5), (2, 2)),
+        (12, (5, 5), (1, 1)),
+    ]
     assert all(isinstance(m, torch.nn.Sigmoid) for m in net.body[1::2])
     assert net.fc.in_features == 768 and all(p.abs().max() <= 0.5 for p in net.parameters())
 
@@ -29,5 +32,5 @@ def test_classifier_standardises_inside_forward() -> None:
 
 
 def test_classifier_rejects_unknown_optimiser() -> None:
-    with pytest.raises(ValueError, match="model.optimizer='rmsprop' is unknown"):
+    with pytest.raises(ValueError, match=r"model\.optimizer='rmsprop' is unknown"):
         ImageClassifier("lenet_dlg", optimizer="rmsprop")  # type: ignore[arg-type]
