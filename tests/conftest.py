@@ -16,6 +16,19 @@ from lightning_fl.models import ImageClassifier
 torch.set_num_threads(int(os.environ.get("LIGHTNING_FL_TEST_THREADS", "1")))
 
 
+@pytest.fixture(autouse=True)
+def _fixed_global_seed() -> None:
+    """Every test starts from the same global RNG state, so results never depend on which tests ran before
+    (pytest-xdist distributes tests differently from run to run)."""
+    import random
+
+    import numpy as np
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
 def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
     """The sigmoid DLG LeNet classifier standardised on ``dm``'s statistics."""
     mean, std = dm.input_stats
