@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+import yaml
 
 from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.cli import main
 from lightning_fl.defences import GaussianNoise, GradientPruning, PrivateFineTuning
 from lightning_fl.loop import FederatedLoop
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
@@ -103,8 +106,6 @@ class _StartState(FederatedCallback):
 
 @pytest.mark.parametrize("defence", MODEL_DEFENCES)
 def test_private_state_persists_across_rounds_per_client(defence: str, tmp_path: Path) -> None:
-    import lightning as L
-
     tracker = _StartState()
 
     class Snapshot(L.Callback):
@@ -184,3 +185,16 @@ def test_summary_has_no_private_key_names_with_clients_eval(tmp_path: Path) -> N
     summary = loop.fit()
     assert summary["test_accuracy"] is not None
     assert "lock" not in json.dumps(summary)
+
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", ["fdl_pp_digits", "fedkl_digits", "fdl_pp_cifar10", "fedkl_cifar10"])
+def test_defence_configs_parse_with_their_defences(name: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / f"{name}.yaml"), "--output_dir", str(tmp_path), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert exit_info.value.code == 0
+    defences = printed["model"]["init_args"]["defences"]
+    assert [d["class_path"].rsplit(".", 1)[-1] for d in defences] in (["Passports"], ["KeyLocks"])
