@@ -26,6 +26,7 @@ class BatchedLBFGS:
     is at most ``tolerance_grad``. Calling :meth:`step` N times with row r's gradients gives row r the
     iterates of N ``step()`` calls of ``torch.optim.LBFGS(max_iter=1)`` (tested to 1e-8); the DLG code's 300
     ``step()`` calls with torch's default ``max_iter=20`` are about 6000 such iterations.
+    The state lives on the device and in the dtype of the first gradient passed to :meth:`step`.
 
     Args:
         num_rows: number of independent problems R.
@@ -104,12 +105,13 @@ class BatchedLBFGS:
     def step(self, grad: Tensor) -> Tensor:
         """Given the gradients ``(R, P)`` at the current iterates, return the update ``(R, P)`` to add to them."""
         grad = grad.reshape(self.num_rows, -1)
-        active = grad.abs().amax(1) > self.tolerance_grad
-        first = active & (self.n_iter == 0)
-        if self.direction is None:
+        if self.direction is None:  # the state follows the first gradient's device and dtype
             self.direction, self.prev_grad = torch.zeros_like(grad), grad.clone()
             self.step_size = self.step_size.to(grad)
             self.h_diag = self.h_diag.to(grad)
+            self.n_iter = self.n_iter.to(grad.device)
+        active = grad.abs().amax(1) > self.tolerance_grad
+        first = active & (self.n_iter == 0)
         later = active & ~first
         if later.any():
             y, s = grad - self.prev_grad, self.direction * self.step_size[:, None]

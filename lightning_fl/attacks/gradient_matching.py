@@ -10,6 +10,10 @@ iDLG (Zhao et al., 2020) infers the labels first; Inverting Gradients (Geiping e
 the cosine distance, total variation, signed Adam, a [0, 1] box and step decay. Their modules are presets of
 :class:`GradientMatchingAttack`. All restarts run as one computation: the per-restart objective is
 ``torch.func.vmap``-ed, so R restarts cost one batched evaluation per iteration rather than R.
+
+Devices: the attack runs where ``view.model``'s matched parameters live (CPU or CUDA), in their floating dtype
+(at least float32). Random starts are drawn on the CPU from a seeded ``torch.Generator`` and then moved, so a
+seed gives the same starting point on every device.
 """
 
 from __future__ import annotations
@@ -171,7 +175,8 @@ class MatchingTarget:
 
     Args:
         names: matched parameter names, in model order.
-        tensors: the target pseudo-gradient per name (the gradient, or ``-update / lr``).
+        tensors: the target pseudo-gradient per name (the gradient, or ``-update / lr``), on the device of the
+            matched parameters and in their dtype promoted to at least float32.
         local_steps: local SGD steps to simulate (1 for a gradient).
         lr: the client's learning rate (``None`` for a gradient).
         data_per_step: candidate images used per simulated step.
@@ -208,8 +213,10 @@ def matching_target(view: ServerView, *, layers: Sequence[str] | None = None) ->
             f"intercepted: {sorted(view.tensors)[:5]}..."
         )
     num_images = leaked_batch_size(view)
+    reference = dict(view.model.named_parameters())[names[0]]
+    device, dtype = reference.device, torch.promote_types(reference.dtype, torch.float32)
     if view.kind == "gradient":
-        tensors = tuple(view.tensors[n].detach().float() for n in names)
+        tensors = tuple(view.tensors[n].detach().to(device, dtype) for n in names)
         return MatchingTarget(names, tensors, 1, None, num_images, num_images)
     meta = view.metadata
     lr, steps = meta.get("lr"), int(meta.get("local_steps") or 0)
@@ -225,7 +232,7 @@ def matching_target(view: ServerView, *, layers: Sequence[str] | None = None) ->
             "train the attacked clients with SGD (model.optimizer: sgd) or attack leak_point='local_gradient'.",
             stacklevel=3,
         )
-    tensors = tuple(-view.tensors[n].detach().float() / lr for n in names)
+    tensors = tuple(-view.tensors[n].detach().to(device, dtype) / lr for n in names)
     data_per_step = int(meta["batch_size"]) * int(meta.get("num_clients") or 1)
     return MatchingTarget(names, tensors, steps, float(lr), min(data_per_step, num_images), num_images)
 
@@ -334,7 +341,8 @@ class GradientMatchingAttack(GradientAttack):
     def iterate(self, view: ServerView) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
 
-        :meth:`reconstruct` consumes this; benchmarks and notebooks can watch or stop it early.
+        :meth:`reconstruct` consumes this; benchmarks and notebooks can watch or stop it early. The states'
+        tensors live on the attacked model's device.
         """
         target = matching_target(view, layers=self.layers)
         num_classes = int(view.metadata.get("num_classes") or 0)
@@ -347,15 +355,17 @@ class GradientMatchingAttack(GradientAttack):
         frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
         frozen |= {n: b.detach() for n, b in model.named_buffers()}
         input_shape = tuple(view.metadata.get("input_shape") or view.tensors[target.names[0]].shape[1:])
-        generator = torch.Generator().manual_seed(self.seed)
+        device, dtype = target.tensors[0].device, target.tensors[0].dtype
+        generator = torch.Generator().manual_seed(self.seed)  # CPU draws, then moved: seed-identical on any device
         shape = (self.restarts, target.num_images, *input_shape)
-        images = initial_images(shape, init=self.init, generator=generator).requires_grad_()
+        images = initial_images(shape, init=self.init, generator=generator).to(device, dtype).requires_grad_()
         if self.labels == "infer":
-            labels = self._label_orders(self._known_labels(view, target, num_classes), target, generator)
-            label_input, to_probabilities = F.one_hot(labels, num_classes).float(), _identity
+            labels = self._label_orders(self._known_labels(view, target, num_classes).cpu(), target, generator)
+            label_input, to_probabilities = F.one_hot(labels, num_classes).to(device, dtype), _identity
             variables = [images]
         else:
             label_input = torch.randn(self.restarts, target.num_images, num_classes, generator=generator)
+            label_input = label_input.to(device, dtype)
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
         distance = DISTANCES[self.distance]
@@ -437,7 +447,10 @@ class GradientMatchingAttack(GradientAttack):
         return adam_step
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins."""
+        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins.
+
+        The attack runs on the attacked model's device; the returned images and labels are on the CPU.
+        """
         start = time.perf_counter()
         history: list[Tensor] = []
         state: MatchingState | None = None
@@ -452,8 +465,8 @@ class GradientMatchingAttack(GradientAttack):
         final = torch.stack(history)  # (iterations, R)
         best = int(final[-1].nan_to_num(torch.inf).argmin())
         return Reconstruction(
-            images=state.images[best].nan_to_num(0.5).clamp(0, 1),
-            labels=state.labels[best].clone(),
+            images=state.images[best].nan_to_num(0.5).clamp(0, 1).cpu(),
+            labels=state.labels[best].cpu().clone(),
             loss_history=final[:, best].tolist(),
             info={
                 "restarts": self.restarts,

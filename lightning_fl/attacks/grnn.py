@@ -298,7 +298,10 @@ class GRNN(GradientAttack):
         self.progress_bar = progress_bar
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Reconstruct the batch behind ``view``: a gradient, or an update through simulated local SGD steps."""
+        """Reconstruct the batch behind ``view``: a gradient, or an update through simulated local SGD steps.
+
+        The generator is trained on the attacked model's device; the returned images and labels are on the CPU.
+        """
         start = time.perf_counter()
         target = matching_target(view)
         true_grad = torch.cat([t.flatten() for t in target.tensors])
@@ -309,15 +312,15 @@ class GRNN(GradientAttack):
         frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
         frozen |= dict(model.named_buffers())
         batch = self.batch_size or target.num_images
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):  # CPU draws, then moved: seed-identical on any device
             torch.manual_seed(self.seed)
             generator = GRNNGenerator(
                 latent_dim=self.latent_dim,
                 num_classes=_num_classes(view),
                 image_shape=tuple(view.metadata["input_shape"]),
                 width=self.width,
-            ).to(true_grad.device)
-            latent = torch.randn(batch, self.latent_dim, device=true_grad.device)
+            ).to(true_grad.device, true_grad.dtype)
+            latent = torch.randn(batch, self.latent_dim).to(true_grad.device, true_grad.dtype)
         optimiser = torch.optim.RMSprop(generator.parameters(), lr=self.lr, momentum=self.momentum)
         history: list[float] = []
         with Progress(disable=not self.progress_bar, transient=True) as progress:
@@ -346,8 +349,8 @@ class GRNN(GradientAttack):
                     callback(iteration, history[-1])
                 progress.advance(task)
         return Reconstruction(
-            images=images.detach(),
-            labels=soft_labels.detach().argmax(dim=1),
+            images=images.detach().cpu(),
+            labels=soft_labels.detach().argmax(dim=1).cpu(),
             loss_history=history,
             info={"loss": self.loss, "iterations": self.iterations, "seconds": time.perf_counter() - start},
         )

@@ -87,7 +87,7 @@ def simulated_pseudo_gradient(
     current = params
     count = images.shape[0]
     for step in range(local_steps):
-        index = (torch.arange(data_per_step) + step * data_per_step) % count
+        index = (torch.arange(data_per_step, device=images.device) + step * data_per_step) % count
         gradient = parameter_gradient(model, current, frozen, images[index], probabilities[index])
         current = {k: current[k] - lr * gradient[k] for k in current}
     return {k: (params[k] - current[k]) / lr for k in params}

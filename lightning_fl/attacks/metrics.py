@@ -303,8 +303,8 @@ def score_reconstruction(
         >>> scores["mse"], scores["label_accuracy"], scores["num_images"]
         (0.0, 1.0, 2)
     """
-    images = reconstruction.images.detach().cpu().clamp(0, 1)
     truth = ground_truth.inputs.detach().cpu()
+    images = reconstruction.images.detach().cpu().to(truth.dtype).clamp(0, 1)
     rows, cols = match_reconstructions(images, truth)
     preds, target = images[rows], truth[cols]
     label_accuracy = None

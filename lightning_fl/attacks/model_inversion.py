@@ -119,13 +119,19 @@ def private_cut(model: nn.Module, *, input_shape: Sequence[int]) -> nn.Module:
     handles = [m.register_forward_hook(lambda module, _args, _out: calls.append(module)) for m in modules]
     try:
         with torch.no_grad():
-            model(torch.zeros(1, *input_shape))
+            model(_zeros_like_input(model, (1, *input_shape)))
     finally:
         for handle in handles:
             handle.remove()
     if not calls:
         raise ValueError(f"none of the private modules of {type(model).__name__} runs in its forward pass.")
     return calls[-1]
+
+
+def _zeros_like_input(model: nn.Module, shape: Sequence[int]) -> Tensor:
+    """Zeros of ``shape`` on the device and in the dtype of ``model``'s first parameter."""
+    reference = next(model.parameters())
+    return torch.zeros(*shape, device=reference.device, dtype=reference.dtype)
 
 
 class _CutReached(Exception):
@@ -260,7 +266,7 @@ class ColludingClientInversion(GradientAttack):
         """
         input_shape = tuple(view.metadata["input_shape"])
         cut = private_cut(view.model, input_shape=input_shape)
-        feature_shape = forward_to_cut(view.model, cut, torch.zeros(1, *input_shape)).shape[1:]
+        feature_shape = forward_to_cut(view.model, cut, _zeros_like_input(view.model, (1, *input_shape))).shape[1:]
         public_view = _public_view(view, cut, feature_shape)
         final: MatchingState | None = None
         with Progress(disable=not self.progress_bar, transient=True) as progress:
@@ -289,11 +295,12 @@ class ColludingClientInversion(GradientAttack):
             callback: called as ``callback(iteration, distance)``.
 
         Returns:
-            ``(images, history)``: images in [0, 1] and the per-step feature distance.
+            ``(images, history)``: images in [0, 1] on ``features``' device and the per-step feature distance.
         """
         cut = private_cut(model, input_shape=input_shape)
-        generator = torch.Generator().manual_seed(self.seed)
-        images = torch.rand(features.shape[0], *input_shape, generator=generator).requires_grad_()
+        generator = torch.Generator().manual_seed(self.seed)  # CPU draw, then moved: seed-identical on any device
+        images = torch.rand(features.shape[0], *input_shape, generator=generator)
+        images = images.to(features.device, features.dtype).requires_grad_()
         history = descend_inputs(
             images,
             cost=lambda x: (forward_to_cut(model, cut, x) - features).pow(2).sum(),
@@ -313,15 +320,18 @@ class ColludingClientInversion(GradientAttack):
         return model
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Recover the private output from the public gradient, then invert the colluder's private layers."""
+        """Recover the private output from the public gradient, then invert the colluder's private layers.
+
+        Both stages run on the attacked model's device; the returned images and labels are on the CPU.
+        """
         start = time.perf_counter()
         features, labels = self.recover_private_output(view)
         images, history = self.invert_private_model(
             self.colluder_model(view), features, input_shape=view.metadata["input_shape"], callback=callback
         )
         return Reconstruction(
-            images=images,
-            labels=labels,
+            images=images.cpu(),
+            labels=labels.cpu(),
             loss_history=history,
             info={"feature_shape": str(tuple(features.shape[1:])), "seconds": time.perf_counter() - start},
         )
@@ -375,7 +385,10 @@ class MIFace(GradientAttack):
         self.progress_bar = progress_bar
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Invert every target class of the model the view holds; labels are the target classes."""
+        """Invert every target class of the model the view holds; labels are the target classes.
+
+        The descent runs on the attacked model's device; the returned images and labels are on the CPU.
+        """
         start = time.perf_counter()
         model = copy.deepcopy(view.model).eval()
         if view.kind == "update":
@@ -388,10 +401,11 @@ class MIFace(GradientAttack):
                 f"MIFace(target_classes={self.target_classes}) must be classes in [0, {num_classes}) "
                 "(metadata['num_classes'])."
             )
-        images = torch.zeros(len(classes), *view.metadata["input_shape"]).requires_grad_()
+        images = _zeros_like_input(model, (len(classes), *view.metadata["input_shape"])).requires_grad_()
+        index = classes[:, None].to(images.device)
         history = descend_inputs(
             images,
-            cost=lambda x: (1 - F.softmax(model(x), dim=-1).gather(1, classes[:, None])).sum(),
+            cost=lambda x: (1 - F.softmax(model(x), dim=-1).gather(1, index)).sum(),
             optimizer=torch.optim.SGD([images], lr=self.lr),
             iterations=self.iterations,
             patience=self.patience,
@@ -401,7 +415,7 @@ class MIFace(GradientAttack):
             description="MI-Face inversion",
         )
         return Reconstruction(
-            images=images.detach(),
+            images=images.detach().cpu(),
             labels=classes,
             loss_history=history,
             info={"iterations": len(history), "seconds": time.perf_counter() - start},

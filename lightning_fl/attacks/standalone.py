@@ -23,7 +23,7 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.messages import GroundTruth, ServerView
 from lightning_fl.private import public_state
 
-__all__ = ["client_view", "run_attack", "save_comparison_grid"]
+__all__ = ["client_view", "run_attack", "save_comparison_grid", "view_on"]
 
 
 def save_comparison_grid(ground_truth: Tensor, reconstruction: Tensor, path: str | Path) -> Path:
@@ -103,6 +103,19 @@ def client_view(
     )
 
 
+def view_on(view: ServerView, device: str | torch.device) -> ServerView:
+    """``view`` with its model (in place: the view's model is the attacker's own copy) and intercepted tensors
+    moved to ``device``; the metadata is unchanged.
+
+    Example:
+        >>> view = ServerView("local_gradient", nn.Linear(2, 1), {"bias": torch.ones(1)}, "gradient")
+        >>> view_on(view, "cpu").tensors["bias"].device
+        device(type='cpu')
+    """
+    tensors = {name: tensor.to(device) for name, tensor in view.tensors.items()}
+    return ServerView(view.leak_point, view.model.to(device), tensors, view.kind, dict(view.metadata))
+
+
 def run_attack(
     attack: GradientAttack,
     *,
@@ -114,6 +127,7 @@ def run_attack(
     local_lr: float = 0.01,
     output_dir: str | Path = "runs/attack",
     seed: int = 0,
+    device: str = "cpu",
 ) -> dict[str, object]:
     """Attack one batch of one client's data against ``model`` and write ``summary.json`` and the image grid.
 
@@ -127,6 +141,9 @@ def run_attack(
         local_lr: the client's SGD step size for ``local_steps > 1`` (public metadata of the update).
         output_dir: where ``summary.json`` and ``attacks/*.png`` go.
         seed: seed of the batch choice.
+        device: where the attack runs, e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``: the server's copy of the model
+            and the intercepted tensors are moved there (the client's computation stays on the CPU); scoring and
+            the image grid use the CPU. Random starts are drawn on the CPU, so a seed gives the same start anywhere.
 
     Returns:
         the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
@@ -141,6 +158,7 @@ def run_attack(
     view = client_view(
         model, images, labels, num_classes=data.num_classes, local_steps=local_steps, lr=local_lr, client_id=client_id
     )
+    view = view_on(view, torch.device(device))
     reconstruction = attack.reconstruct(view)
     truth = GroundTruth(images, labels)
     name = getattr(attack, "name", type(attack).__name__)

@@ -49,3 +49,14 @@ def test_batched_lbfgs_rejects_bad_settings() -> None:
         BatchedLBFGS(num_rows=1, lr=0)
     with pytest.raises(ValueError, match="history_size=0"):
         BatchedLBFGS(num_rows=1, history_size=0)
+
+
+def test_batched_lbfgs_state_follows_the_gradient_dtype_and_device() -> None:
+    x = torch.tensor([[3.0, -1.0], [0.5, 2.0]], dtype=torch.float64)
+    opt = BatchedLBFGS(num_rows=2)
+    for _ in range(2):
+        update = opt.step(x.clone())  # gradient of |x|^2 / 2
+        x = x + update
+    state = [opt.step_size, opt.h_diag, opt.direction, opt.prev_grad, opt._y, opt._s]
+    assert update.dtype == torch.float64 and all(t.dtype == torch.float64 for t in state)
+    assert all(t.device == x.device for t in [*state, opt.n_iter]) and opt.n_iter.tolist() == [2, 2]

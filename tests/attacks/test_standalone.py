@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fl.attacks import IDLGAttack, infer_labels
-from lightning_fl.attacks.standalone import client_view, run_attack
+from lightning_fl.attacks import GRNN, DLGAttack, IDLGAttack, InvertingGradientsAttack, MIFace, infer_labels
+from lightning_fl.attacks.base import GradientAttack
+from lightning_fl.attacks.standalone import client_view, run_attack, view_on
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.messages import ServerView
+from tests.attacks.views import digits_view
 from tests.conftest import make_classifier
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -83,3 +86,40 @@ def test_fedsgd_fit_config_with_gradient_leakage_parses(capsys: pytest.CaptureFi
         main(["fit", "--config", str(CONFIGS / "dlg_lenet_digits_fedsgd.yaml"), "--print_config"])
     assert exit_info.value.code == 0
     assert "class_path: lightning_fl.callbacks.GradientLeakage" in capsys.readouterr().out
+
+
+def test_run_attack_on_an_explicit_device_matches_the_default(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    entries = []
+    for device in (None, "cpu"):
+        torch.manual_seed(0)
+        options = {} if device is None else {"device": device}
+        attack = IDLGAttack(max_iterations=5, progress_bar=False)
+        entries.append(run_attack(attack, data=dm, model=make_classifier(dm), output_dir=tmp_path, **options))
+    assert entries[0]["mse"] == entries[1]["mse"] and entries[0]["psnr"] > 0
+
+
+def _double(view: ServerView) -> ServerView:
+    tensors = {name: tensor.double() for name, tensor in view.tensors.items()}
+    return ServerView(view.leak_point, view.model.double(), tensors, view.kind, view.metadata)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        DLGAttack(max_iterations=3, restarts=2, progress_bar=False),
+        InvertingGradientsAttack(max_iterations=3, restarts=2, progress_bar=False),
+        GRNN(iterations=3, latent_dim=8, width=4, progress_bar=False),
+        MIFace(target_classes=[1, 2], iterations=3, progress_bar=False),
+    ],
+    ids=lambda attack: attack.name,
+)
+def test_attacks_run_in_the_attacked_models_dtype_from_the_same_start(attack: GradientAttack) -> None:
+    """Device plumbing without a GPU: a float64 model makes every attack tensor float64 (as a CUDA model makes
+    them CUDA tensors), and the CPU-drawn start is the same, so the first objective matches the float32 run."""
+    view, _ = digits_view(image_size=8 if attack.name == "mi_face" else 16)
+    single = attack.reconstruct(view)
+    double = attack.reconstruct(_double(view_on(view, torch.device("cpu"))))
+    assert double.images.dtype == torch.float64 and double.images.device.type == "cpu"
+    assert double.loss_history[0] == pytest.approx(single.loss_history[0], rel=1e-4)
+    assert double.images.to(torch.float32).sub(single.images).abs().max() < 1e-2
