@@ -12,8 +12,21 @@ QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
 
 
 def test_fit_writes_summary_and_resolved_config(tmp_path, capsys) -> None:
-    rc = main(["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), "--loop.num_rounds", "2",
-               "--data.image_size", "16", "--loop.progress_bar", "false"])
+    rc = main(
+        [
+            "fit",
+            "--config",
+            str(QUICKSTART),
+            "--output_dir",
+            str(tmp_path),
+            "--loop.num_rounds",
+            "2",
+            "--data.image_size",
+            "16",
+            "--loop.progress_bar",
+            "false",
+        ]
+    )
     assert rc == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and 0.0 < summary["test_accuracy"] <= 1.0
@@ -23,8 +36,17 @@ def test_fit_writes_summary_and_resolved_config(tmp_path, capsys) -> None:
 
 
 def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:
-    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(tmp_path), "--data.image_size", "16",
-            "--loop.progress_bar", "false"]
+    base = [
+        "fit",
+        "--config",
+        str(QUICKSTART),
+        "--output_dir",
+        str(tmp_path),
+        "--data.image_size",
+        "16",
+        "--loop.progress_bar",
+        "false",
+    ]
     assert main([*base, "--loop.num_rounds", "1"]) == 0
     assert main([*base, "--loop.num_rounds", "2", "--resume", "true"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
