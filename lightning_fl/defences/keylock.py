@@ -118,6 +118,7 @@ class KeyLockNorm2d(nn.Module):
         key_length: key length S.
         lock_act: activation on :math:`\gamma, \beta` (see :data:`LockActivation`).
         lock_init_range: initialise the locks from U(-r, r) (see :class:`KeyLock`); ``None``: PyTorch's default.
+            Default 0.5, the reference code's init: with PyTorch's U(+-1/32) a wrong key barely moves gamma, beta.
         eps: ``BatchNorm2d`` eps.
         momentum: ``BatchNorm2d`` momentum of the running statistics.
 
@@ -135,7 +136,7 @@ class KeyLockNorm2d(nn.Module):
         *,
         key_length: int = 1024,
         lock_act: LockActivation = "none",
-        lock_init_range: float | None = None,
+        lock_init_range: float | None = 0.5,
         eps: float = 1e-5,
         momentum: float = 0.1,
     ) -> None:
@@ -161,7 +162,7 @@ def add_keylock(
     conv: str | None = None,
     key_length: int = 1024,
     lock_act: LockActivation = "none",
-    lock_init_range: float | None = None,
+    lock_init_range: float | None = 0.5,
 ) -> nn.Module:
     """Retrofit FedKL: key-lock the conv-norm block of ``conv`` (the first convolution by default).
 
@@ -177,6 +178,7 @@ def add_keylock(
         key_length: key length S (1024 in the thesis).
         lock_act: activation on :math:`\\gamma, \\beta` (see :data:`LockActivation`).
         lock_init_range: initialise the locks from U(-r, r) (see :class:`KeyLock`); ``None``: PyTorch's default.
+            Default 0.5, the reference code's init: with PyTorch's U(+-1/32) a wrong key barely moves gamma, beta.
 
     Raises:
         ValueError: if ``conv`` is not the name of an ``nn.Conv2d`` of ``model``.
@@ -250,7 +252,7 @@ class KeyLocks(ModelDefence):
         *,
         key_length: int = 1024,
         lock_act: LockActivation = "none",
-        lock_init_range: float | None = None,
+        lock_init_range: float | None = 0.5,
     ) -> None:
         self.conv, self.key_length, self.lock_act, self.lock_init_range = conv, key_length, lock_act, lock_init_range
 
