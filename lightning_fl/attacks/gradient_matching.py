@@ -43,6 +43,7 @@ __all__ = [
     "DISTANCES",
     "DistanceName",
     "GradientMatchingAttack",
+    "MatchingProblem",
     "MatchingState",
     "MatchingTarget",
     "TotalVariation",
@@ -268,6 +269,24 @@ class MatchingState:
     labels: Tensor
 
 
+@dataclass(frozen=True)
+class MatchingProblem:
+    """The optimisation behind :meth:`GradientMatchingAttack.iterate`, for every restart at once.
+
+    Args:
+        objective: ``(images, label_input) -> (objective, gradient distance)``, each ``(R,)``: the batched
+            per-restart objective (gradient distance plus regularisers).
+        images: starting candidates ``(R, B, C, H, W)``, a leaf that requires grad.
+        label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
+        variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
+    """
+
+    objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+    images: Tensor
+    label_input: Tensor
+    variables: list[Tensor]
+
+
 class GradientMatchingAttack(GradientAttack):
     """Optimise candidate images (and labels) so that their simulated gradient matches the intercepted one.
 
@@ -338,12 +357,9 @@ class GradientMatchingAttack(GradientAttack):
         gradient = target.tensors[target.names.index(weight)]
         return infer_labels(gradient, num_images=target.num_images, strategy=self.label_strategy)
 
-    def iterate(self, view: ServerView) -> Iterator[MatchingState]:
-        """Run the optimisation, yielding the state of all restarts after every iteration.
-
-        :meth:`reconstruct` consumes this; benchmarks and notebooks can watch or stop it early. The states'
-        tensors live on the attacked model's device.
-        """
+    def problem(self, view: ServerView) -> MatchingProblem:
+        """Set up the optimisation for ``view``: starting variables on the attacked model's device, and the
+        objective of all restarts (what :meth:`iterate` evaluates and differentiates once per iteration)."""
         target = matching_target(view, layers=self.layers)
         num_classes = int(view.metadata.get("num_classes") or 0)
         if num_classes < 1:
@@ -384,11 +400,20 @@ class GradientMatchingAttack(GradientAttack):
             gap = distance(candidate=[candidate[n] for n in target.names], target=target.tensors)
             return gap + sum(r(x) for r in self.regularisers), gap
 
-        batched = _over_restarts(objective, restarts=self.restarts)
-        step = self._stepper(variables)
+        return MatchingProblem(_over_restarts(objective, restarts=self.restarts), images, label_input, variables)
+
+    def iterate(self, view: ServerView) -> Iterator[MatchingState]:
+        """Run the optimisation, yielding the state of all restarts after every iteration.
+
+        :meth:`reconstruct` consumes this; benchmarks and notebooks can watch or stop it early. The states'
+        tensors live on the attacked model's device.
+        """
+        problem = self.problem(view)
+        images, label_input = problem.images, problem.label_input
+        step = self._stepper(problem.variables)
         for iteration in range(self.max_iterations):
-            losses, _ = batched(images, label_input)
-            grads = torch.autograd.grad(losses.sum(), variables)
+            losses, _ = problem.objective(images, label_input)
+            grads = torch.autograd.grad(losses.sum(), problem.variables)
             step(grads)
             yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1))
 
