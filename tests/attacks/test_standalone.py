@@ -8,12 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fl.attacks import GRNN, DLGAttack, IDLGAttack, InvertingGradientsAttack, MIFace, infer_labels
+from lightning_fl.attacks import (
+    GRNN,
+    ColludingClientInversion,
+    DLGAttack,
+    IDLGAttack,
+    InvertingGradientsAttack,
+    MIFace,
+    infer_labels,
+)
 from lightning_fl.attacks.base import GradientAttack
 from lightning_fl.attacks.standalone import client_view, run_attack, view_on
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.messages import ServerView
+from lightning_fl.private import mark_private
 from tests.attacks.views import digits_view
 from tests.conftest import make_classifier
 
@@ -111,6 +120,11 @@ def _double(view: ServerView) -> ServerView:
         InvertingGradientsAttack(max_iterations=3, restarts=2, progress_bar=False),
         GRNN(iterations=3, latent_dim=8, width=4, progress_bar=False),
         MIFace(target_classes=[1, 2], iterations=3, progress_bar=False),
+        ColludingClientInversion(
+            feature_attack=DLGAttack(max_iterations=3, init="rand", progress_bar=False),
+            iterations=3,
+            progress_bar=False,
+        ),
     ],
     ids=lambda attack: attack.name,
 )
@@ -118,8 +132,17 @@ def test_attacks_run_in_the_attacked_models_dtype_from_the_same_start(attack: Gr
     """Device plumbing without a GPU: a float64 model makes every attack tensor float64 (as a CUDA model makes
     them CUDA tensors), and the CPU-drawn start is the same, so the first objective matches the float32 run."""
     view, _ = digits_view(image_size=8 if attack.name == "mi_face" else 16)
+    if attack.name == "colluding_mi":  # FDL-PP's split: the first convolution and its activation are private
+        mark_private(view.model.backbone.body[0])
+        mark_private(view.model.backbone.body[1])
     single = attack.reconstruct(view)
     double = attack.reconstruct(_double(view_on(view, torch.device("cpu"))))
     assert double.images.dtype == torch.float64 and double.images.device.type == "cpu"
     assert double.loss_history[0] == pytest.approx(single.loss_history[0], rel=1e-4)
     assert double.images.to(torch.float32).sub(single.images).abs().max() < 1e-2
+
+
+def test_attack_command_takes_the_device(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["attack", "--config", str(CONFIGS / "dlg_lenet_digits.yaml"), "--run.device", "cpu", "--print_config"])
+    assert exit_info.value.code == 0 and "device: cpu" in capsys.readouterr().out
