@@ -16,10 +16,12 @@ from lightning_fl.loop import FederatedLoop
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
 
-# the Table II protocol lives in benchmarks/dp_tables.py (loaded by path: `benchmarks` is also a site-packages name)
-_spec = importlib.util.spec_from_file_location("dp_tables", Path(__file__).parents[2] / "benchmarks" / "dp_tables.py")
-dp_tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dp_tables)
+# the Table II protocol lives in benchmarks/pogz_table2_sweep.py (loaded by path: `benchmarks` is also a
+# site-packages name)
+_path = Path(__file__).parents[2] / "benchmarks" / "pogz_table2_sweep.py"
+_spec = importlib.util.spec_from_file_location("pogz_table2_sweep", _path)
+table2 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(table2)
 
 
 def _known_net() -> nn.Sequential:
@@ -119,9 +121,20 @@ def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expect
 
 @pytest.mark.xfail(
     strict=True,
-    reason="DPFL Table II direction (PoGZ > even at equal epsilon) does not reproduce on digits with the DLG LeNet: "
-    "PoGZ gives the logit layer the least budget and its noise costs most (docs/reproduction.md).",
+    reason="DPFL Table II direction (PoGZ 'w' > even 'wo' at equal epsilon) does not reproduce on digits: in every "
+    "reading measured (paper's 2-conv sigmoid net, DLG LeNet, ReLU variant; noise once or per step; any alpha or "
+    "sensitivity, which only move epsilon) even allocation is ahead wherever accuracy is between chance and "
+    "baseline, because PoGZ gives the logit layer (PoGZ ~0.1) the least budget (docs/reproduction.md).",
 )
 def test_pogz_allocation_beats_even_allocation_at_equal_epsilon() -> None:
-    """DPFL Table II protocol (spec A.2.8), shared with benchmarks/dp_tables.py."""
-    assert dp_tables.one_noisy_epoch_accuracy("pogz", [100.0]) > dp_tables.one_noisy_epoch_accuracy("even", [100.0])
+    """Table II protocol (spec A.2.8) with the paper's MNIST network, at the epsilons where accuracy is informative."""
+    cell = table2.table2_cell(
+        net="paper2",
+        placement="once",
+        allocations=["pogz", "even"],
+        epsilons=[50.0, 100.0],
+        seed=0,
+        draws=3,
+        image_size=16,
+    )
+    assert all(w >= wo for w, wo in zip(cell["pogz"], cell["even"], strict=True))
