@@ -10,8 +10,8 @@ MNIST row used in our setting, and the clip bound alpha. This sweep measures the
   ``per_step`` (every Adam step's update clipped and noised, so the epoch trains on noisy weights).
 * The noise scale is b_i = Δf / ε_i with Δf = 2ηα (η = 0.01, Theorem 1). alpha is the update's own L1 norm
   (``once``) or the mean L1 norm of a clean epoch's steps (``per_step``), so clipping never biases the update.
-  The sound Δf = 2α and a smaller alpha only move the same curve along the epsilon axis (b scales with Δf/ε, and
-  a clipped update's signal scales with alpha), so one wide epsilon grid covers readings (c)-(e).
+  The sound Δf = 2α is the same curve at epsilon / η (b scales with Δf/ε), so one wide epsilon grid covers it;
+  ``--alpha-fraction`` < 1 clips the update (signal and noise both shrink with alpha).
 
 Mean test accuracy over ``--draws`` noise draws per cell, for ``--seeds`` training seeds. A few minutes on one
 CPU core; not run in CI::
@@ -98,7 +98,15 @@ def _delta(model: nn.Module, before: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def table2_cell(
-    *, net: str, placement: str, allocations: list[str], epsilons: list[float], seed: int, draws: int, image_size: int
+    *,
+    net: str,
+    placement: str,
+    allocations: list[str],
+    epsilons: list[float],
+    seed: int,
+    draws: int,
+    image_size: int,
+    alpha_fraction: float = 1.0,
 ) -> dict[str, object]:
     """Baseline accuracy, PoGZ scores and mean accuracy per allocation and epsilon for one trained model."""
     dm = FederatedDataModule("digits", num_clients=1, partition="iid", image_size=image_size, val_fraction=0.2)
@@ -129,11 +137,11 @@ def table2_cell(
         generator = torch.Generator().manual_seed(draw)
         model.load_state_dict(base)
         if placement == "once":
-            alpha = float(state_norm(epoch_delta, p=1.0))
+            alpha = alpha_fraction * float(state_norm(epoch_delta, p=1.0))
             noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, generator)
             model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in base.items()})
         else:
-            alpha = sum(step_norms) / len(step_norms)
+            alpha = alpha_fraction * sum(step_norms) / len(step_norms)
 
             def hook(before: dict[str, Tensor]) -> None:
                 step = {k: v for k, v in _delta(model, before).items() if k in params}
@@ -177,6 +185,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="training seeds (models) per reading")
     parser.add_argument("--draws", type=int, default=3, help="noise draws per cell")
     parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument("--alpha-fraction", type=float, default=1.0, help="alpha as a fraction of the update's L1 norm")
     parser.add_argument("--out", default="runs/pogz_table2_sweep.json")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -192,6 +201,7 @@ def main() -> None:
                     seed=seed,
                     draws=args.draws,
                     image_size=args.image_size,
+                    alpha_fraction=args.alpha_fraction,
                 )
                 rows.append({"net": net, "placement": placement, "seed": seed, **cell})
                 print(json.dumps(rows[-1]), flush=True)
