@@ -37,11 +37,8 @@ from lightning_fl.models import ImageClassifier
 
 def _problem(image_size: int) -> tuple[ServerView, torch.Tensor, torch.Tensor]:
     dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=image_size)
-    mean, std = dm.input_stats
     torch.manual_seed(0)
-    model = ImageClassifier(
-        "lenet_dlg", num_classes=10, in_channels=1, image_size=image_size, input_mean=mean, input_std=std
-    )
+    model = ImageClassifier("lenet_dlg", **dm.model_options)
     images, labels = dm.sample_batch(0, 1, seed=0)
     return client_view(model, images, labels, num_classes=10), images, labels
 

@@ -73,16 +73,7 @@ def _data() -> FederatedDataModule:
 
 def _model(dm: FederatedDataModule, defences: list[ModelDefence], seed: int) -> DefendedClassifier:
     torch.manual_seed(seed)
-    mean, std = dm.input_stats
-    return DefendedClassifier(
-        "lenet_dlg",
-        defences=[copy.deepcopy(d) for d in defences],
-        num_classes=dm.num_classes,
-        in_channels=1,
-        image_size=IMAGE_SIZE,
-        input_mean=mean,
-        input_std=std,
-    )
+    return DefendedClassifier("lenet_dlg", defences=[copy.deepcopy(d) for d in defences], **dm.model_options)
 
 
 def accuracy(defences: list[ModelDefence], transforms: list, callbacks: list, *, rounds: int) -> float:

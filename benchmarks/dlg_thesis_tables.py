@@ -33,12 +33,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=args.image_size)
-    mean, std = dm.input_stats
     for batch_size in args.batch_sizes:
         torch.manual_seed(0)
-        model = ImageClassifier(
-            "lenet_dlg", num_classes=10, in_channels=1, image_size=args.image_size, input_mean=mean, input_std=std
-        )
+        model = ImageClassifier("lenet_dlg", **dm.model_options)
         images, labels = dm.sample_batch(0, batch_size, seed=0)
         view = client_view(model, images, labels, num_classes=10)
         attack = DLGAttack(max_iterations=args.iterations, restarts=args.restarts, progress_bar=False)

@@ -34,10 +34,7 @@ _TRAINER |= {"enable_model_summary": False, "accelerator": "cpu", "max_epochs": 
 
 
 def _model(dm: FederatedDataModule) -> ImageClassifier:
-    mean, std = dm.input_stats
-    return ImageClassifier(
-        "lenet_dlg", num_classes=10, in_channels=1, input_mean=mean, input_std=std, optimizer="sgd", lr=0.05
-    )
+    return ImageClassifier("lenet_dlg", **dm.model_options, optimizer="sgd", lr=0.05)
 
 
 def _lightning_epoch(model: ImageClassifier, loader: DataLoader, callbacks: list) -> float:

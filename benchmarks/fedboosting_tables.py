@@ -43,9 +43,8 @@ def run(
     seed: int,
 ) -> dict[str, float]:
     dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=0.3, val_fraction=0.2, seed=seed)
-    mean, std = dm.input_stats
     torch.manual_seed(seed)
-    model = ImageClassifier("lenet_dlg", num_classes=10, in_channels=1, input_mean=mean, input_std=std, lr=2e-3)
+    model = ImageClassifier("lenet_dlg", **dm.model_options, lr=2e-3)
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(

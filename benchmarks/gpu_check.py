@@ -54,14 +54,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _classifier(dm: FederatedDataModule, **options: float | str) -> ImageClassifier:
-    mean, std = dm.input_stats
     return ImageClassifier(
         "lenet_dlg",
-        num_classes=dm.num_classes,
-        in_channels=dm.input_shape[0],
-        image_size=dm.input_shape[-1],
-        input_mean=mean,
-        input_std=std,
+        **dm.model_options,
         **options,
     )
 

@@ -44,16 +44,8 @@ PAPER_TABLE_3_6 = {("dlg", "digits"): 8, ("dlg", "lfw_faces"): 1, ("grnn", "digi
 
 
 def _model(dm: FederatedDataModule, *, train_epochs: int) -> ImageClassifier:
-    mean, std = dm.input_stats
     torch.manual_seed(0)
-    model = ImageClassifier(
-        "lenet_dlg",
-        num_classes=dm.num_classes,
-        in_channels=dm.input_shape[0],
-        image_size=dm.input_shape[-1],
-        input_mean=mean,
-        input_std=std,
-    )
+    model = ImageClassifier("lenet_dlg", **dm.model_options)
     images, labels = dm.train_set.tensors()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     for _ in range(train_epochs):

@@ -26,8 +26,7 @@ BACKBONE = "lenet_dlg"
 
 def build(dm: FederatedDataModule) -> ImageClassifier:
     torch.manual_seed(0)
-    mean, std = dm.input_stats
-    return ImageClassifier(BACKBONE, num_classes=10, in_channels=1, input_mean=mean, input_std=std, lr=2e-3)
+    return ImageClassifier(BACKBONE, **dm.model_options, lr=2e-3)
 
 
 def run_lightning(

@@ -42,9 +42,8 @@ T = TypeVar("T")
 def client_updates(num_clients: int) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
     """Real LeNet updates of ``num_clients`` digits clients (3 local epochs each) and their sample counts."""
     dm = FederatedDataModule("digits", num_clients=num_clients, partition="dirichlet", alpha=0.5)
-    mean, std = dm.input_stats
     torch.manual_seed(0)
-    model = ImageClassifier("lenet_dlg", num_classes=10, in_channels=1, input_mean=mean, input_std=std, lr=2e-3)
+    model = ImageClassifier("lenet_dlg", **dm.model_options, lr=2e-3)
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(model, dm, local_epochs=3, output_dir=out, progress_bar=False, checkpoint=False)

@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ from lightning_fl.loop import FederatedLoop
 
 __all__ = ["build_parser", "main"]
 
-_DATA_LINKS: dict[str, Callable[[FederatedDataModule], Any]] = {
-    "num_classes": lambda d: d.num_classes,
-    "in_channels": lambda d: d.input_shape[0],
-    "image_size": lambda d: d.input_shape[-1],
-    "input_mean": lambda d: d.input_stats[0],
-    "input_std": lambda d: d.input_stats[1],
-}
+_DATA_LINKS = (
+    "num_classes",
+    "in_channels",
+    "image_size",
+    "input_mean",
+    "input_std",
+)  # FederatedDataModule.model_options
 
 
 def _common(parser: ArgumentParser) -> None:
@@ -40,8 +41,14 @@ def _common(parser: ArgumentParser) -> None:
     parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
     parser.add_class_arguments(FederatedDataModule, "data")
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
-    for key, compute in _DATA_LINKS.items():
-        parser.link_arguments("data", f"model.init_args.{key}", compute_fn=compute, apply_on="instantiate")
+    for key in _DATA_LINKS:
+        parser.link_arguments(
+            "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
+        )
+
+
+def _model_option(data: FederatedDataModule, key: str) -> Any:
+    return data.model_options[key]
 
 
 def _fit_parser() -> ArgumentParser:

@@ -102,7 +102,7 @@ class UniformSelector(ClientSelector):
 
     Example:
         >>> UniformSelector().select(round_idx=0, num_clients=10, k=3, generator=torch.Generator().manual_seed(0))
-        [2, 4, 6]
+        [1, 4, 7]
     """
 
     def select(self, *, round_idx: int, num_clients: int, k: int, generator: torch.Generator) -> list[int]:

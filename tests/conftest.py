@@ -31,16 +31,8 @@ def _fixed_global_seed() -> None:
 
 def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
     """The sigmoid DLG LeNet classifier standardised on ``dm``'s statistics."""
-    mean, std = dm.input_stats
     options = {"backbone": "lenet_dlg", "lr": 2e-3, **kwargs}
-    return ImageClassifier(
-        num_classes=dm.num_classes,
-        in_channels=dm.input_shape[0],
-        image_size=dm.input_shape[-1],
-        input_mean=mean,
-        input_std=std,
-        **options,
-    )
+    return ImageClassifier(**dm.model_options, **options)
 
 
 @pytest.fixture

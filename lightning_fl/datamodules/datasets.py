@@ -172,7 +172,7 @@ def load_dataset(
     Example:
         >>> ds = load_dataset("digits", train=False, image_size=16)
         >>> tuple(ds.images.shape), ds.num_classes
-        ((360, 1, 16, 16), 10)
+        ((359, 1, 16, 16), 10)
     """
     if name in TORCHVISION_DATASETS:
         images, labels, num_classes = _torchvision(name, root, train, download)

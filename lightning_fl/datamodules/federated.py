@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ class FederatedDataModule:
     Example:
         >>> dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16)
         >>> dm.num_classes, dm.input_shape, sum(dm.num_train_samples(k) for k in range(4))
-        (10, (1, 16, 16), 1295)
+        (10, (1, 16, 16), 1296)
     """
 
     def __init__(
@@ -156,6 +157,24 @@ class FederatedDataModule:
         """Per-channel mean and standard deviation of the training images (for model-side standardisation)."""
         images, _ = self.train_set.tensors()
         return images.mean(dim=(0, 2, 3)).tolist(), images.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+
+    @property
+    def model_options(self) -> dict[str, Any]:
+        """What a model needs to know about the data: ``num_classes``, ``in_channels``, ``image_size``,
+        ``input_mean``, ``input_std`` (the keyword arguments of :class:`~lightning_fl.models.ImageClassifier`).
+
+        Example:
+            >>> sorted(FederatedDataModule("digits", num_clients=2, image_size=16).model_options)
+            ['image_size', 'in_channels', 'input_mean', 'input_std', 'num_classes']
+        """
+        mean, std = self.input_stats
+        return {
+            "num_classes": self.num_classes,
+            "in_channels": self.input_shape[0],
+            "image_size": self.input_shape[-1],
+            "input_mean": mean,
+            "input_std": std,
+        }
 
     def _check_client(self, client_id: int) -> None:
         if not 0 <= client_id < self.num_clients:

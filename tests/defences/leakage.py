@@ -43,16 +43,7 @@ def digits(**kwargs: object) -> FederatedDataModule:
 def defended_model(dm: FederatedDataModule, defence: str, *, seed: int = MODEL_SEED) -> DefendedClassifier:
     """The sigmoid LeNet classifier on ``dm`` with one of :data:`DEFENCES`, built from ``seed``."""
     torch.manual_seed(seed)
-    mean, std = dm.input_stats
-    return DefendedClassifier(
-        "lenet_dlg",
-        defences=DEFENCES[defence](),
-        num_classes=dm.num_classes,
-        in_channels=dm.input_shape[0],
-        image_size=dm.input_shape[-1],
-        input_mean=mean,
-        input_std=std,
-    )
+    return DefendedClassifier("lenet_dlg", defences=DEFENCES[defence](), **dm.model_options)
 
 
 @functools.cache
