@@ -7,6 +7,7 @@ average of the client models, here written on deltas: w <- w + sum_k (n_k / n) *
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,15 +46,15 @@ def weighted_average(deltas: Sequence[dict[str, Tensor]], weights: Sequence[floa
     }
 
 
-class Aggregator:
+class Aggregator(ABC):
     """Turns the updates of one round into one aggregate delta. Subclass and implement :meth:`aggregate`."""
 
     def setup(self, loop: FederatedLoop) -> None:
         """Called once before the first round (e.g. to reach the data a rule needs)."""
 
+    @abstractmethod
     def aggregate(self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]) -> dict[str, Tensor]:
         """Return the aggregate delta to add to ``global_state``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement aggregate().")
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -78,14 +79,15 @@ class FedAvg(Aggregator):
         return weighted_average([u.delta for u in updates], weights)
 
 
-class ClientSelector:
+class ClientSelector(ABC):
     """Chooses which clients train in a round. The default is uniform sampling without replacement."""
 
     def setup(self, loop: FederatedLoop) -> None:
         """Called once before the first round."""
 
+    @abstractmethod
     def select(self, *, round_idx: int, num_clients: int, k: int, generator: torch.Generator) -> list[int]:
-        raise NotImplementedError(f"{type(self).__name__} must implement select().")
+        """Return the ``k`` client ids that train in round ``round_idx``, drawing randomness from ``generator``."""
 
     def observe(self, updates: Sequence[ClientUpdate]) -> None:
         """See the updates of the round just finished (losses etc.), e.g. for active selection."""

@@ -13,6 +13,7 @@ Transforms are applied in list order. Each may keep state across rounds (an acco
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -36,11 +37,12 @@ class _Stateful:
         """Restore what :meth:`state_dict` returned."""
 
 
-class ClientTransform(_Stateful):
+class ClientTransform(_Stateful, ABC):
     """Client-side: transform the update a client is about to send."""
 
+    @abstractmethod
     def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(update, loop=...).")
+        """Transform and return; see the class docstring."""
 
     def decode_aggregate(self, aggregate: Any, *, loop: FederatedLoop) -> Any:
         """Client-side, after aggregation: undo this transform's encoding on what the server returns.
@@ -52,14 +54,15 @@ class ClientTransform(_Stateful):
         return aggregate
 
 
-class ServerTransform(_Stateful):
+class ServerTransform(_Stateful, ABC):
     """Server-side: transform the aggregate delta before it is added to the global model."""
 
+    @abstractmethod
     def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(delta, loop=...).")
+        """Transform and return; see the class docstring."""
 
 
-class BroadcastTransform(_Stateful):
+class BroadcastTransform(_Stateful, ABC):
     """Server-side: transform the public global state sent to one client.
 
     Attributes:
@@ -71,5 +74,6 @@ class BroadcastTransform(_Stateful):
 
     persistent: bool = False
 
+    @abstractmethod
     def __call__(self, state: dict[str, Tensor], *, client_id: int, loop: FederatedLoop) -> dict[str, Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(state, client_id=..., loop=...).")
+        """Transform and return; see the class docstring."""

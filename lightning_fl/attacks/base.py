@@ -7,6 +7,7 @@ afterwards in :mod:`lightning_fl.attacks.metrics`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,11 +38,11 @@ class Reconstruction:
     info: dict[str, float | int | str] = field(default_factory=dict)
 
 
-class GradientAttack:
+class GradientAttack(ABC):
     """Base class of attacks: subclasses implement :meth:`reconstruct` and set ``name``."""
 
     name: str = "attack"
 
+    @abstractmethod
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
         """Reconstruct the private batch behind ``view``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement reconstruct(view).")

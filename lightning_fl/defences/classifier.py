@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Literal
 
@@ -12,7 +13,7 @@ from lightning_fl.models.classifier import ImageClassifier
 __all__ = ["DefendedClassifier", "ModelDefence"]
 
 
-class ModelDefence:
+class ModelDefence(ABC):
     """A retrofit: called on a backbone, changes it in place (private layers, passports, key-locks) and returns it.
 
     Subclasses (:class:`~lightning_fl.defences.Passports`, :class:`~lightning_fl.defences.KeyLocks`,
@@ -20,8 +21,9 @@ class ModelDefence:
     classes, they can be chosen in YAML with ``class_path``/``init_args``.
     """
 
+    @abstractmethod
     def __call__(self, model: nn.Module) -> nn.Module:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(model) -> model.")
+        """Apply this retrofit to ``model`` in place and return it."""
 
 
 class DefendedClassifier(ImageClassifier):

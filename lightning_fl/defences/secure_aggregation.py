@@ -30,6 +30,7 @@ import dataclasses
 import fnmatch
 import time
 import warnings
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -178,9 +179,9 @@ class PaillierAggregator(Aggregator):
     :class:`PaillierEncryption` can check at setup that the packing slots have enough headroom.
     """
 
+    @abstractmethod
     def max_weight_sum(self, loop: FederatedLoop) -> int:
         """The largest sum of integer weights this aggregator applies to ciphertexts in ``loop``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement max_weight_sum(loop).")
 
 
 class SecureFedAvg(PaillierAggregator):

@@ -15,6 +15,7 @@ The mathematics is Opacus' (``opacus.accountants``); this module adds what the p
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -224,7 +225,7 @@ def calibrate_noise_multiplier(
     )
 
 
-class PrivacyLedger:
+class PrivacyLedger(ABC):
     """A component that spends privacy (a DP callback or transform); read by the privacy-budget callback.
 
     Subclasses implement :meth:`epsilon_spent` and :meth:`epsilon_projected`; ``delta`` is their delta
@@ -233,10 +234,10 @@ class PrivacyLedger:
 
     delta: float = 0.0
 
+    @abstractmethod
     def epsilon_spent(self) -> float:
         """Epsilon spent so far (worst case over clients)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement epsilon_spent().")
 
+    @abstractmethod
     def epsilon_projected(self, loop: FederatedLoop) -> float:
         """Epsilon after one more round, assuming the worst case (every client trains in it)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement epsilon_projected(loop).")
