@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from opacus.accountants import create_accountant
+from opacus.accountants import RDPAccountant, create_accountant
 from opacus.accountants.analysis.rdp import compute_rdp
 from opacus.accountants.utils import get_noise_multiplier
 
@@ -51,6 +51,11 @@ TF_PRIVACY_ORDERS: tuple[float, ...] = (
 """RDP orders of TensorFlow Privacy's ``compute_dp_sgd_privacy`` (the script Fed-CDP links)."""
 
 History = list[tuple[float, float, int]]
+
+
+RDP_ORDERS: list[float] = [*RDPAccountant.DEFAULT_ALPHAS, 80, 96, 128, 192, 256, 384, 512, 1024]
+"""Opacus' default RDP orders (1.1 to 63) widened to 1024: with large noise multipliers and few steps the best
+order lies above 63, where Opacus' default grid would overstate epsilon (and warn)."""
 
 
 def classic_rdp_epsilon(
@@ -135,6 +140,8 @@ class PrivacyAccountant:
             return classic_rdp_epsilon(history=history, delta=delta)
         opacus_accountant = create_accountant(mechanism=self.accountant)
         opacus_accountant.history = list(history)
+        if self.accountant == "rdp":
+            return float(opacus_accountant.get_epsilon(delta=delta, alphas=RDP_ORDERS))
         return float(opacus_accountant.get_epsilon(delta=delta))
 
     def state_dict(self) -> dict[str, Any]:
