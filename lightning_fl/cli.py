@@ -80,7 +80,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="lightning-fl", description=__doc__.splitlines()[0], exit_on_error=False)
     subcommands = parser.add_subcommands(required=True, dest="subcommand")
     for name, build in SUBCOMMANDS.items():
-        subcommands.add_subcommand(name, build(), help=build().description)
+        sub = build()
+        subcommands.add_subcommand(name, sub, help=sub.description)
     return parser
 
 
@@ -151,10 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parser.parse_args(args)
-        sub = parser.subcommands_parser(cfg.subcommand) if hasattr(parser, "subcommands_parser") else None
-        sub = sub or SUBCOMMANDS[cfg.subcommand]()
-        sub_cfg = cfg[cfg.subcommand]
-        RUNNERS[cfg.subcommand](sub, sub_cfg)
+        RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except (argparse.ArgumentError, ValueError, TypeError, KeyError, RuntimeError, FileNotFoundError) as err:
         print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
         return 2
