@@ -163,6 +163,25 @@ def attacks(device: torch.device, *, quick: bool) -> list[dict[str, object]]:
     return rows
 
 
+def scaling(device: torch.device, *, quick: bool) -> list[dict[str, object]]:
+    """Inverting Gradients' batched objective on ResNet-18 and one LFW face: where a GPU starts to matter."""
+    rows = []
+    sizes, restart_counts = ((64,), (4,)) if quick else ((64, 128), (4, 16))
+    for size in sizes:
+        dm = FederatedDataModule("lfw_faces", num_clients=2, partition="iid", image_size=size, channels=3)
+        torch.manual_seed(0)
+        images, labels = dm.sample_batch(0, 1, seed=0)
+        model = ImageClassifier("resnet18", **dm.model_options)
+        view = view_on(client_view(model, images, labels, num_classes=dm.num_classes), device)
+        for restarts in restart_counts:
+            attack = InvertingGradientsAttack(max_iterations=1, restarts=restarts, progress_bar=False)
+            row = {"model": "resnet18", "image_size": size, "restarts": restarts}
+            row["ms_per_evaluation"] = evaluation_ms(attack, view, repeats=3 if quick else 5)
+            print(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
 def _number(value: object, digits: int) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -196,7 +215,21 @@ def markdown(results: dict[str, object]) -> str:
             f"{row['ms_per_evaluation']:.2f} | {row['ms_per_iteration']:.2f} | {row['seconds']:.1f} | "
             f"PSNR {row['final_psnr']:.1f} dB{reached} |"
         )
-    failed = [key for key in ("attacks", "fedavg") if isinstance(results.get(key), dict) and "error" in results[key]]
+    rows = results.get("scaling")
+    if isinstance(rows, list):
+        lines += [
+            "",
+            "| IG objective + backward, ResNet-18, one LFW face | restarts | ms / evaluation |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['image_size']}x{r['image_size']} | {r['restarts']} | {r['ms_per_evaluation']:.1f} |" for r in rows
+        ]
+    failed = [
+        key
+        for key in ("attacks", "fedavg", "scaling")
+        if isinstance(results.get(key), dict) and "error" in results[key]
+    ]
     lines += [f"\n{key} failed:\n```\n{results[key]['error']}```" for key in failed]
     return "\n".join(lines) + "\n"
 
@@ -212,6 +245,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where everything runs")
     parser.add_argument("--out", default="runs/gpu_check", help="folder for results.json and results.md")
     parser.add_argument("--quick", action="store_true", help="short runs (5 rounds, 300 attack iterations)")
+    parser.add_argument(
+        "--sections", nargs="+", default=["attacks", "fedavg", "scaling"], choices=["attacks", "fedavg", "scaling"]
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch.cuda.is_available() is False; use --device cpu for a CPU run.")
@@ -226,10 +262,12 @@ def main() -> None:
         "command": f"python benchmarks/gpu_check.py --device {args.device}" + (" --quick" if args.quick else ""),
     }
     out = Path(args.out)
-    sections = {
+    available = {
         "attacks": lambda: attacks(device, quick=args.quick),
         "fedavg": lambda: fedavg(device, num_rounds=5 if args.quick else 25),
+        "scaling": lambda: scaling(device, quick=args.quick),
     }
+    sections = {key: available[key] for key in args.sections}
     for key, run in sections.items():
         try:
             results[key] = run()
