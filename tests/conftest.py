@@ -35,6 +35,27 @@ def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
     return ImageClassifier(**dm.model_options, **options)
 
 
+def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list = ()):
+    """One round, one client, one SGD step on one 16x16 digit: the setting where a single gradient leaks (DLG)."""
+    from lightning_fl import FederatedLoop
+
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", batch_size=1, image_size=16)
+    torch.manual_seed(0)
+    return FederatedLoop(
+        make_classifier(dm, optimizer="sgd", lr=0.1),
+        dm,
+        num_rounds=1,
+        clients_per_round=1,
+        local_steps=1,
+        eval_every=0,
+        callbacks=callbacks,
+        client_transforms=client_transforms,
+        output_dir=output_dir,
+        checkpoint=False,
+        progress_bar=False,
+    )
+
+
 @pytest.fixture
 def tiny_digits() -> FederatedDataModule:
     """4 clients of 16x16 digits, iid: fast enough for loop mechanics tests."""

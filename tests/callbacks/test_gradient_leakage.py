@@ -14,7 +14,7 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.loop import FederatedLoop
 from lightning_fl.messages import ServerView
 from lightning_fl.private import mark_private, private_state
-from tests.conftest import make_classifier
+from tests.conftest import make_classifier, one_step_attack_loop
 
 
 class RecordingAttack(GradientAttack):
@@ -111,21 +111,8 @@ def test_gradient_leakage_skips_views_with_more_images_than_max_images(tmp_path:
 
 
 def test_gradient_leakage_with_dlg_recovers_a_one_step_sgd_update(tmp_path: Path) -> None:
-    dm = FederatedDataModule("digits", num_clients=2, partition="iid", batch_size=1, image_size=16)
-    torch.manual_seed(0)
-    loop = FederatedLoop(
-        make_classifier(dm, optimizer="sgd", lr=0.1),
-        dm,
-        num_rounds=1,
-        clients_per_round=1,
-        local_steps=1,
-        eval_every=0,
-        callbacks=[GradientLeakage(DLGAttack(max_iterations=300, restarts=4, progress_bar=False))],
-        output_dir=tmp_path,
-        checkpoint=False,
-        progress_bar=False,
-    )
-    entry = loop.fit()["attacks"][0]
+    attack = GradientLeakage(DLGAttack(max_iterations=300, restarts=4, progress_bar=False))
+    entry = one_step_attack_loop(tmp_path, callbacks=[attack]).fit()["attacks"][0]
     assert entry["psnr"] >= 30 and entry["label_accuracy"] == 1.0
 
 

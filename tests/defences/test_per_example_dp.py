@@ -18,7 +18,7 @@ from lightning_fl.defences import ClientDPSGD, FedCDP, FedSDP, PerExampleDP
 from lightning_fl.loop import FederatedLoop
 from lightning_fl.privacy import PrivacyAccountant, Schedule
 from lightning_fl.server import FedAvg
-from tests.conftest import make_classifier
+from tests.conftest import make_classifier, one_step_attack_loop
 
 _TRAINER = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
 _TRAINER |= {"enable_model_summary": False, "accelerator": "cpu"}
@@ -190,24 +190,11 @@ def test_the_type_2_leak_point_sees_the_noised_gradient_the_client_applies(tmp_p
 
 
 def _attacked(tmp_path: Path, callbacks: list) -> dict:
-    dm = FederatedDataModule("digits", num_clients=2, partition="iid", batch_size=1, image_size=16)
-    torch.manual_seed(0)
     attack = GradientLeakage(
         IDLGAttack(max_iterations=300, progress_bar=False), leak_point="local_gradient", save_images=False
     )
-    loop = FederatedLoop(
-        make_classifier(dm, optimizer="sgd", lr=0.1),
-        dm,
-        num_rounds=1,
-        clients_per_round=1,
-        local_steps=1,
-        eval_every=0,
-        callbacks=[*callbacks, attack],
-        client_transforms=[t for t in callbacks if isinstance(t, FedSDP)],
-        output_dir=tmp_path,
-        checkpoint=False,
-        progress_bar=False,
-    )
+    transforms = [t for t in callbacks if isinstance(t, FedSDP)]
+    loop = one_step_attack_loop(tmp_path, callbacks=[*callbacks, attack], client_transforms=transforms)
     loop.callbacks = [c for c in loop.callbacks if not isinstance(c, FedSDP)]
     return loop.fit()["attacks"][0]
 
