@@ -46,6 +46,7 @@ from lightning_fl.defences import (
 from lightning_fl.loop import FederatedLoop
 from lightning_fl.models import ImageClassifier
 from lightning_fl.privacy import PrivacyAccountant, Schedule, state_norm
+from lightning_fl.privacy.accounting import FED_CDP_TABLE_VI
 from lightning_fl.server import FedAvg
 
 _TRAINER = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
@@ -155,14 +156,7 @@ def fed_cdp_run(defence: str, rounds: int, *, sigma: float = 6.0, scaling: str =
 
 def table_vi() -> list[dict[str, Any]]:
     rows = []
-    for name, steps, q, paper in [
-        ("Fed-CDP L=1 MNIST", 101, 0.01, 0.0845),
-        ("Fed-CDP L=100 MNIST", 10001, 0.01, 0.8227),
-        ("Fed-CDP L=100 LFW", 6001, 0.01, 0.6356),
-        ("Fed-CDP L=100 cancer", 301, 0.01, 0.1469),
-        ("Fed-SDP MNIST", 101, 0.1, 0.8536),
-        ("Fed-SDP cancer", 4, 0.1, 0.2065),
-    ]:
+    for name, steps, q, paper in FED_CDP_TABLE_VI:
         accountant = PrivacyAccountant(conversion="classic")
         accountant.step(noise_multiplier=6.0, sample_rate=q, steps=steps)
         rows.append({"row": name, "paper": paper, "ours": round(accountant.get_epsilon(1e-5), 4)})

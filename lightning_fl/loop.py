@@ -243,6 +243,7 @@ class FederatedLoop:
         self._current_client: int | None = None
         self._received: dict[str, Tensor] = {}
         self._broadcast_offsets: dict[int, dict[str, Tensor]] = {}
+        self._delta_key_cache: list[str] | None = None
         self.loggers: list[Logger] = []
 
     # -- configuration helpers --------------------------------------------------------------------------
@@ -278,7 +279,10 @@ class FederatedLoop:
         return public_state(self.global_model)
 
     def _delta_keys(self) -> list[str]:
-        return [k for k, v in self.global_public_state().items() if v.is_floating_point()]
+        """Keys of the public floating-point tensors: what an update carries. Fixed for a run, so computed once."""
+        if self._delta_key_cache is None:
+            self._delta_key_cache = [k for k, v in self.global_public_state().items() if v.is_floating_point()]
+        return self._delta_key_cache
 
     # -- public API for callbacks and transforms ------------------------------------------------------
     def log_metrics(self, metrics: dict[str, float]) -> None:

@@ -4,22 +4,9 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
 from lightning_fl.privacy import PrivacyAccountant, PureDPAccountant, calibrate_noise_multiplier, classic_rdp_epsilon
+from lightning_fl.privacy.accounting import FED_CDP_TABLE_VI
 
-# Fed-CDP (Wei et al., ICDCS 2021) Table VI, sigma = 6, delta = 1e-5; steps per spec B7 (T*L + 1, or T + 1).
-TABLE_VI = [
-    ("Fed-CDP L=1 cancer", 4, 0.01, 0.0467),
-    ("Fed-CDP L=1 adult", 11, 0.01, 0.0494),
-    ("Fed-CDP L=1 LFW", 61, 0.01, 0.0689),
-    ("Fed-CDP L=1 MNIST", 101, 0.01, 0.0845),
-    ("Fed-CDP L=100 cancer", 301, 0.01, 0.1469),
-    ("Fed-CDP L=100 adult", 1001, 0.01, 0.2761),
-    ("Fed-CDP L=100 LFW", 6001, 0.01, 0.6356),
-    ("Fed-CDP L=100 MNIST", 10001, 0.01, 0.8227),
-    ("Fed-SDP cancer", 4, 0.1, 0.2065),
-    ("Fed-SDP adult", 11, 0.1, 0.3025),
-    ("Fed-SDP LFW", 61, 0.1, 0.6677),
-    ("Fed-SDP MNIST", 101, 0.1, 0.8536),
-]
+TABLE_VI = FED_CDP_TABLE_VI
 
 
 @pytest.mark.parametrize(("row", "steps", "q", "paper"), TABLE_VI, ids=[r[0] for r in TABLE_VI])
