@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,23 +174,39 @@ def generate_keypair(*, spec: PackingSpec) -> tuple[PaillierPublicKey, PaillierP
     return paillier.generate_paillier_keypair(n_length=spec.key_size)
 
 
-def private_key_state(private_key: PaillierPrivateKey) -> dict[str, int]:
-    """The private key as plain integers (loadable with ``torch.load(weights_only=True)``), for client storage.
+def private_key_state(private_key: PaillierPrivateKey) -> dict[str, str]:
+    """The private key as hexadecimal strings, for client storage that ``torch.load(weights_only=True)`` reads.
+
+    Strings, not Python integers: PyTorch's safe unpickler rejects integers of 2040 bits or more (pickle's
+    ``LONG4`` opcode), so a 2048-bit modulus stored as an ``int`` could never be restored on resume.
 
     Example:
         >>> import warnings
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("ignore")
         ...     _, key = generate_keypair(spec=PackingSpec(key_size=256, max_weight_sum=1))
-        >>> private_key_from_state(private_key_state(key)) == key
+        >>> state = private_key_state(key)
+        >>> sorted(state), type(state["n"]).__name__
+        (['n', 'p', 'q'], 'str')
+        >>> private_key_from_state(state) == key
         True
     """
-    return {"n": private_key.public_key.n, "p": private_key.p, "q": private_key.q}
+    return {"n": f"{private_key.public_key.n:x}", "p": f"{private_key.p:x}", "q": f"{private_key.q:x}"}
 
 
-def private_key_from_state(state: dict[str, int]) -> PaillierPrivateKey:
-    """Rebuild the private key that :func:`private_key_state` stored."""
-    return PaillierPrivateKey(PaillierPublicKey(int(state["n"])), int(state["p"]), int(state["q"]))
+def private_key_from_state(state: Mapping[str, str | int]) -> PaillierPrivateKey:
+    """Rebuild the private key that :func:`private_key_state` stored (hex strings; plain integers also accepted).
+
+    Raises:
+        ValueError: if ``state`` lacks ``n``, ``p`` or ``q``, holds a non-hexadecimal value, or ``p * q != n``.
+    """
+    missing = {"n", "p", "q"} - set(state)
+    if missing:
+        raise ValueError(f"stored Paillier key lacks {sorted(missing)}; the client checkpoint is incomplete.")
+    n, p, q = (int(v, 16) if isinstance(v, str) else int(v) for v in (state["n"], state["p"], state["q"]))
+    if p * q != n:
+        raise ValueError("stored Paillier key is inconsistent (p * q != n); the client checkpoint is corrupt.")
+    return PaillierPrivateKey(PaillierPublicKey(n), p, q)
 
 
 def encode_values(values: Tensor, *, spec: PackingSpec) -> list[int]:

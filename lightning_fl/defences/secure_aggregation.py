@@ -273,9 +273,8 @@ class PaillierEncryption(ClientTransform):
     def setup(self, loop: FederatedLoop) -> None:
         self._check_loop(loop)
         stored = next((c.extra[KEY_FIELD] for c in loop.clients if KEY_FIELD in c.extra), None)
-        if stored is not None and int(stored["n"]).bit_length() == self.key_size:
-            private_key = private_key_from_state(stored)  # resumed run: the clients still hold their key
-        else:
+        private_key = private_key_from_state(stored) if stored is not None else None  # a resumed run's key
+        if private_key is None or private_key.public_key.n.bit_length() != self.key_size:
             _, private_key = generate_keypair(spec=self.spec)  # on the key holder, Algorithm 3 line 2
         shared = private_key_state(private_key)
         for client in loop.clients:  # the key holder shares the key pair with every client (line 2-4)

@@ -60,9 +60,11 @@ def reachable(root: object, *, skip: tuple[type, ...] = ()) -> Iterator[object]:
             stack.extend(vars(obj).values())
 
 
-def assert_holds_no_private_key(root: object, secret: dict[str, int], *, skip: tuple[type, ...] = ()) -> None:
-    """No ``PaillierPrivateKey`` and neither prime of ``secret`` is reachable from ``root``."""
-    secrets = {secret["p"], secret["q"]}
+def assert_holds_no_private_key(root: object, secret: dict[str, str], *, skip: tuple[type, ...] = ()) -> None:
+    """No ``PaillierPrivateKey`` and neither prime of ``secret`` (as stored, or as an integer) is reachable."""
+    primes = {int(secret["p"], 16), int(secret["q"], 16)}
+    stored = {secret["p"], secret["q"]}
     for obj in reachable(root, skip=skip):
         assert not isinstance(obj, PaillierPrivateKey), f"a private key is reachable from {type(root).__name__}"
-        assert not (type(obj) is int and obj in secrets), f"a prime of the private key is reachable from {root!r}"
+        assert not (type(obj) is int and obj in primes), f"a prime of the private key is reachable from {root!r}"
+        assert not (type(obj) is str and obj in stored), f"a stored prime is reachable from {type(root).__name__}"

@@ -174,7 +174,7 @@ def test_decrypt_rejects_foreign_private_key(keys: tuple) -> None:
         decrypt_tensors(encrypted, private_key=other_private)
 
 
-def test_private_key_state_is_plain_integers_that_torch_loads_safely(keys: tuple, tmp_path) -> None:
+def test_private_key_state_is_strings_that_torch_loads_safely(keys: tuple, tmp_path) -> None:
     _, private_key = keys
     torch.save(private_key_state(private_key), tmp_path / "key.pt")
     restored = private_key_from_state(torch.load(tmp_path / "key.pt", weights_only=True))

@@ -86,9 +86,8 @@ def test_server_leak_points_see_only_plaintext_layers(runs: dict, variant: str, 
     assert recorder.aggregate_keys == [readable]
 
 
-def prime_bytes(secret: dict[str, int]) -> bytes:
-    p = secret["p"]
-    return p.to_bytes(p.bit_length() // 8 + 1, "little", signed=True)  # how pickle stores a long
+def prime_bytes(secret: dict[str, str]) -> bytes:
+    return secret["p"].encode()  # the client stores the prime as a hex string (pickle keeps it as UTF-8)
 
 
 def test_server_side_never_holds_or_receives_the_private_key(runs: dict) -> None:
