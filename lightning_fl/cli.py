@@ -9,9 +9,15 @@ command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/`
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
+import inspect
 import logging
 import os
+import re
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -23,6 +29,15 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.loop import FederatedLoop
+from lightning_fl.validation import (
+    check_callback_schedule,
+    check_checkpoints_load_safely,
+    check_learning_rate,
+    check_num_rounds,
+    check_output_dir,
+    check_resume,
+    check_trainer_options,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -36,7 +51,7 @@ _DATA_LINKS = (
 
 
 def _common(parser: ArgumentParser) -> None:
-    parser.add_argument("--config", action=ActionConfigFile, help="Path to a YAML config.")
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="Path to a YAML config.")
     parser.add_argument("--seed_everything", type=int, default=0, help="Seed of model init, partition and loop.")
     parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
     parser.add_class_arguments(FederatedDataModule, "data")
@@ -52,7 +67,7 @@ def _model_option(data: FederatedDataModule, key: str) -> Any:
 
 
 def _fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Federated training with per-client Lightning Trainers.")
+    parser = ArgumentParser(description="Federated training with per-client Lightning Trainers.", allow_abbrev=False)
     _common(parser)
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
     parser.add_class_arguments(
@@ -65,7 +80,9 @@ def _attack_parser() -> ArgumentParser:
     from lightning_fl.attacks.base import GradientAttack
     from lightning_fl.attacks.standalone import run_attack
 
-    parser = ArgumentParser(description="One gradient-leakage attack on one batch of a client's data (no rounds).")
+    parser = ArgumentParser(
+        description="One gradient-leakage attack on one batch of a client's data (no rounds).", allow_abbrev=False
+    )
     _common(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
     parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
@@ -77,7 +94,9 @@ SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {"fit": _fit_parser, "att
 
 def build_parser() -> ArgumentParser:
     """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
-    parser = ArgumentParser(prog="lightning-fl", description=__doc__.splitlines()[0], exit_on_error=False)
+    parser = ArgumentParser(
+        prog="lightning-fl", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
+    )
     subcommands = parser.add_subcommands(required=True, dest="subcommand")
     for name, build in SUBCOMMANDS.items():
         sub = build()
@@ -92,71 +111,236 @@ def _instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
     return parser.instantiate_classes(cfg)
 
 
-def _run_fit(parser: ArgumentParser, cfg: Namespace) -> dict[str, Any]:
-    init = _instantiate(parser, cfg)
+def _check_fit(cfg: Namespace, init: Namespace) -> None:
+    """Checks of a fit config that need no training (STYLE.md R3); each raises one line naming the key."""
+    lr = getattr(init.model, "lr", None)
+    if isinstance(lr, float | int):
+        check_learning_rate(float(lr))
+    check_num_rounds(cfg.loop.num_rounds)
+    check_trainer_options(cfg.loop.trainer or {})
+    callbacks = init.loop.callbacks or ()
+    check_callback_schedule(callbacks, num_rounds=cfg.loop.num_rounds, num_clients=init.data.num_clients)
+
+
+def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
+    """Build and check everything of a fit run; the returned call trains and is the first to write."""
     output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+    check_output_dir(output_dir)
+    init = _instantiate(parser, cfg)
+    _check_fit(cfg, init)
     loop = FederatedLoop(init.model, init.data, output_dir=output_dir, seed=cfg.seed_everything, **vars(init.loop))
-    summary = loop.fit(resume=cfg.resume)
-    print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
-    print(f"summary: {output_dir / 'summary.json'}")
-    return summary
+    check_resume(cfg.resume, loop.server_checkpoint_path)
+    if cfg.resume:
+        check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
+
+    def fit() -> dict[str, Any]:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+        summary = loop.fit(resume=cfg.resume)
+        print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
+        print(f"summary: {output_dir / 'summary.json'}")
+        return summary
+
+    return fit
 
 
-def _run_attack(parser: ArgumentParser, cfg: Namespace) -> dict[str, Any]:
+def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
+    """Build and check one standalone attack; the returned call runs it and is the first to write."""
     from rich.console import Console
     from rich.table import Table
 
     from lightning_fl.attacks.standalone import run_attack
 
-    init = _instantiate(parser, cfg)
     output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
-    entry = run_attack(
-        init.attack, data=init.data, model=init.model, output_dir=output_dir, seed=cfg.seed_everything, **vars(init.run)
-    )
-    table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
-    for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds"):
-        table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
-    Console().print(table)
-    print(f"summary: {output_dir / 'summary.json'}")
-    return entry
+    check_output_dir(output_dir)
+    init = _instantiate(parser, cfg)
+
+    def attack() -> dict[str, Any]:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+        entry = run_attack(
+            init.attack,
+            data=init.data,
+            model=init.model,
+            output_dir=output_dir,
+            seed=cfg.seed_everything,
+            **vars(init.run),
+        )
+        table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
+        for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds"):
+            table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
+        Console().print(table)
+        print(f"summary: {output_dir / 'summary.json'}")
+        return entry
+
+    return attack
 
 
-RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Any]] = {"fit": _run_fit, "attack": _run_attack}
+RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
+    "fit": _prepare_fit,
+    "attack": _prepare_attack,
+}
+"""Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""Exit codes of ``lightning-fl``: 2 only before anything is written; 130 = 128 + SIGINT, as shells report it."""
+
+CONFIG_ERRORS = (argparse.ArgumentError, ValueError, TypeError, KeyError, FileNotFoundError, ImportError)
+"""Raised while parsing, building and checking a config: all of them mean a bad config (exit code 2)."""
+
+TRACEBACK_ENV = "LIGHTNING_FL_TRACEBACK"
+"""Set to 1 to get the full traceback of a run-time failure instead of its one-line summary."""
+
+_THIRD_PARTY_NOISE = (r"lightning\.pytorch\.", r"lightning\.fabric\.", r"torch\.utils\.data\.")
+"""Modules (exact packages, not prefixes of names: ``lightning`` would also match ``lightning_fl``) whose warnings
+the command hides. The toolkit's own warnings (dropped clients, clipped values, skipped attacks) stay visible."""
 
 
 def _quiet() -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="lightning")
+    for module in _THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", module=module)
+    warnings.formatwarning = _format_warning
+
+
+def _format_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
+    """One line per warning, like the errors: ``lightning-fl: warning: <message>``."""
+    return f"lightning-fl: warning: {' '.join(str(message).split())}\n"
+
+
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+_EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
+_UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
+
+
+def _type_name(annotation: str) -> str:
+    """``<class 'int'>`` -> ``an int``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    if annotation.startswith("typing.Literal[") and annotation.endswith("]"):
+        return f"one of {annotation[len('typing.Literal[') : -1]}"
+    name = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", annotation).replace("NoneType", "null")
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "dict": "a mapping"}.get(name, name)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    chain = [err]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    return chain
 
 
 def _one_line(err: BaseException) -> str:
-    """The most specific message of ``err`` on one line (jsonargparse wraps ours in its own)."""
-    while err.__cause__ is not None:
-        err = err.__cause__
-    message = " ".join(str(err).split())
-    if "Errors: - " in message:  # a union of types: keep the first alternative's reason
-        message = message.split("Errors: - ", 1)[1].split(" - Expected", 1)[0]
-    return message.split(" failed: ", 1)[-1]
+    """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
+
+    jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
+    the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
+    turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.``
+    """
+    chain = _chain(err)
+    keys: list[str] = []
+    for link in chain:
+        match = _PARSER_KEY.match(str(link))
+        if match and (not keys or keys[-1] != match.group(1)):
+            keys.append(match.group(1))
+    innermost = " ".join(str(chain[-1]).split())
+    if innermost.startswith("'") and innermost.endswith("'"):
+        innermost = innermost[1:-1]  # a KeyError's repr
+    expected = _EXPECTED.search(innermost)
+    if keys and expected:
+        key = ".init_args.".join(keys)
+        value = expected.group(2)
+        union = str(chain[-2]) if len(chain) > 1 else ""
+        alternatives = [_type_name(t) for t in _UNION_ALTERNATIVE.findall(union)]
+        if "Problem with given class_path" in union or not alternatives:
+            alternatives = [_type_name(expected.group(1))]
+        message = f"{key}={value!r} is invalid: expected {' or '.join(alternatives)}."
+        if "a mapping" in alternatives and ":" in value:
+            message += " On the command line write a YAML mapping with a space after each colon: '{accelerator: cpu}'."
+        return message
+    if keys:
+        return _keyed(".init_args.".join(keys), innermost, chain)
+    return innermost.split(" failed: ", 1)[-1]
+
+
+def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
+    """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
+    class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
+    option = _NOT_ACCEPTED.search(innermost)
+    if option and class_path:
+        name = option.group(1)
+        try:
+            module, _, attr = class_path.rpartition(".")
+            known = inspect.signature(getattr(importlib.import_module(module), attr)).parameters
+        except (ImportError, AttributeError, ValueError, TypeError):
+            known = {}
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        return f"{key}.init_args.{name} is not an option of {class_path}{hint}"
+    if key.rsplit(".", 1)[-1] in innermost:
+        return innermost
+    where = f" (class_path {class_path!r})" if class_path else ""
+    return f"{key}{where}: {innermost}"
+
+
+def _interrupted() -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first one
+    print(
+        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true.",
+        file=sys.stderr,
+    )
+    return EXIT_INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lightning-fl``; returns the exit code (2 for a bad config, before any training)."""
-    _quiet()
-    parser = build_parser()
+    """Entry point of ``lightning-fl``; returns the exit code.
+
+    Exit codes: 0 done; 2 bad config (parsing, building or checking it failed; nothing was written, no run
+    directory was created); 1 the run failed after it started (one line; ``LIGHTNING_FL_TRACEBACK=1`` gives the
+    traceback); 130 interrupted (Ctrl+C). ``--help`` and ``--print_config`` exit with 0 through ``SystemExit``.
+    Warning filters and format are set for the call only and restored afterwards.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    format_before = warnings.formatwarning
+    with warnings.catch_warnings():
+        _quiet()
+        try:
+            return _main(args)
+        finally:
+            warnings.formatwarning = format_before
+
+
+def _main(args: list[str]) -> int:
     try:
+        parser = build_parser()
         cfg = parser.parse_args(args)
-        RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
-    except (argparse.ArgumentError, ValueError, TypeError, KeyError, RuntimeError, FileNotFoundError) as err:
+        run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
+    except CONFIG_ERRORS as err:
         print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_BAD_CONFIG
+    except KeyboardInterrupt:
+        return _interrupted()
+    try:
+        run()
+    except KeyboardInterrupt:
+        return _interrupted()
+    except SystemExit as err:  # Lightning turns Ctrl+C inside Trainer.fit into sys.exit(1)
+        if isinstance(err.__context__, KeyboardInterrupt):
+            return _interrupted()
+        raise
+    except Exception as err:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(
+            f"lightning-fl: error: run failed: {type(err).__name__}: {_one_line(err)} "
+            f"(set {TRACEBACK_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

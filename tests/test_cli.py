@@ -57,7 +57,7 @@ def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:
     ("args", "message"),
     [
         (["--loop.clients_per_round", "20"], "loop.clients_per_round=20 exceeds data.num_clients=10"),
-        (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 must be >= 0"),
+        (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 trains nothing; it must be >= 1"),
         (["--data.dataset", "no-such-data"], "data.dataset='no-such-data' is neither a known dataset"),
         (["--model.init_args.backbone", "resnet9000"], "model.backbone='resnet9000' is unknown"),
         (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),

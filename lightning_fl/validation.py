@@ -1,0 +1,251 @@
+"""Checks of a run's settings that must pass before any training, each raising one message that names the key.
+
+The ``lightning-fl`` command calls them after building the objects of a config and before it writes anything, so
+a bad config exits with code 2, a one-line error and no run directory. Every message follows STYLE.md R3: the
+key, the value received, the rule, and the fix. :func:`update_norm_outliers` is the pure rule a federated loop
+applies to the norms of one round's client updates before aggregating them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import os
+import pickle
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+__all__ = [
+    "check_callback_schedule",
+    "check_checkpoints_load_safely",
+    "check_learning_rate",
+    "check_num_rounds",
+    "check_output_dir",
+    "check_resume",
+    "check_trainer_options",
+    "update_norm_outliers",
+]
+
+LARGE_LEARNING_RATE = 10.0
+"""Above this a learning rate is legal but almost surely a typo (1e10 for 1e-10): :func:`check_learning_rate` warns."""
+
+# the names the loop sets itself; the Trainer accepts them, but loop.trainer must not
+_LOOP_OWNED_TRAINER_OPTIONS = frozenset({"max_epochs", "max_steps", "callbacks"})
+
+
+def check_learning_rate(lr: float, *, key: str = "model.init_args.lr") -> None:
+    """Reject a learning rate that is not a finite positive number; warn when it is suspiciously large.
+
+    Raises:
+        ValueError: if ``lr`` is NaN, infinite, zero or negative (``lr > 0`` alone lets NaN through).
+
+    Example:
+        >>> check_learning_rate(0.01)
+        >>> check_learning_rate(float("nan"))
+        Traceback (most recent call last):
+        ...
+        ValueError: model.init_args.lr=nan must be a finite number > 0 (e.g. 0.001).
+    """
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"{key}={lr} must be a finite number > 0 (e.g. 0.001).")
+    if lr > LARGE_LEARNING_RATE:
+        warnings.warn(
+            f"{key}={lr:g} is above {LARGE_LEARNING_RATE:g}; training will most likely diverge. "
+            "Did you mean a negative exponent (e.g. 1e-3)?",
+            stacklevel=2,
+        )
+
+
+def check_num_rounds(num_rounds: int, *, key: str = "loop.num_rounds") -> None:
+    """Reject a run that would train nothing.
+
+    Raises:
+        ValueError: if ``num_rounds < 1``.
+
+    Example:
+        >>> check_num_rounds(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: loop.num_rounds=0 trains nothing; it must be >= 1.
+    """
+    if num_rounds < 1:
+        raise ValueError(f"{key}={num_rounds} trains nothing; it must be >= 1.")
+
+
+def _trainer_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+
+
+def check_trainer_options(options: Mapping[str, Any], *, key: str = "loop.trainer") -> None:
+    """Check per-client ``lightning.Trainer`` options against ``Trainer.__init__``'s signature, then build one.
+
+    The names are checked first so a typo is reported with its nearest valid name; building a Trainer (which
+    trains nothing and writes nothing) then catches values Lightning rejects: an accelerator this machine
+    lacks, an unknown precision or strategy, more devices than exist.
+
+    Raises:
+        ValueError: on an unknown option, an option the loop sets itself, or one Lightning rejects.
+
+    Example:
+        >>> check_trainer_options({"accelerator": "cpu", "precision": "32-true"})
+        >>> check_trainer_options({"acelerator": "cpu"})
+        Traceback (most recent call last):
+        ...
+        ValueError: loop.trainer.acelerator is not an option of lightning.Trainer; did you mean 'accelerator'?
+    """
+    known = _trainer_parameters()
+    for name in options:
+        if name in _LOOP_OWNED_TRAINER_OPTIONS:
+            raise ValueError(
+                f"{key}.{name} is set by the loop; use loop.local_epochs / loop.local_steps / loop.client_callbacks."
+            )
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `help(lightning.Trainer)` for the options."
+            raise ValueError(f"{key}.{name} is not an option of lightning.Trainer; {hint}")
+    _check_accelerator(options.get("accelerator", "cpu"), key=f"{key}.accelerator")
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            L.Trainer(**{"accelerator": "cpu", "devices": 1, **options, **quiet, "enable_model_summary": False})
+    except Exception as err:  # Lightning raises MisconfigurationException, ValueError, RuntimeError, ...
+        reason = " ".join(str(err).split())
+        raise ValueError(f"{key}={dict(options)} is rejected by lightning.Trainer: {reason}") from err
+
+
+def _check_accelerator(name: Any, *, key: str) -> None:
+    """A named accelerator must be present on this machine (``gpu`` means CUDA or MPS, as in Lightning)."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    if not isinstance(name, str) or name in ("auto", "cpu"):
+        return
+    wanted = ("cuda", "mps") if name == "gpu" else (name,)
+    if not set(wanted) <= set(AcceleratorRegistry.available_accelerators()):
+        return  # unknown name: Lightning's own message lists the choices
+    if not any(AcceleratorRegistry[w]["accelerator"].is_available() for w in wanted):
+        raise ValueError(
+            f"{key}={name!r} is not available on this machine; use 'cpu' (or 'auto' to take what there is)."
+        )
+
+
+def check_output_dir(path: str | Path, *, key: str = "output_dir") -> None:
+    """Check that ``path`` is, or can be created as, a writable directory, without creating it.
+
+    Raises:
+        ValueError: if ``path`` or one of its parents is a file, or the nearest existing directory is read-only.
+
+    Example:
+        >>> check_output_dir("runs/example")
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{key}={str(path)!r} is a file, not a directory; choose a directory path.")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{key}={str(path)!r} lies under the file {str(existing)!r}; choose a directory path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}={str(path)!r} is not writable ({str(existing)!r} is read-only); choose another.")
+
+
+def check_resume(resume: bool, checkpoint: Path, *, key: str = "resume") -> None:
+    """Reject ``resume`` when there is no checkpoint to continue from (it would silently start afresh).
+
+    Raises:
+        ValueError: if ``resume`` is true and ``checkpoint`` does not exist.
+    """
+    if resume and not checkpoint.exists():
+        raise ValueError(
+            f"{key}=true but {str(checkpoint)!r} does not exist, so there is nothing to resume; "
+            "drop --resume or set output_dir to the run to continue."
+        )
+
+
+def check_checkpoints_load_safely(paths: Iterable[Path]) -> None:
+    """Open every checkpoint with ``torch.load(weights_only=True)`` before a resumed run relies on it.
+
+    A checkpoint that holds anything but tensors and plain containers (a pickled object, possibly a planted
+    payload) is refused by PyTorch's safe unpickler without running it; this turns that refusal into one line.
+
+    Raises:
+        ValueError: naming the first file that does not load safely.
+    """
+    for path in paths:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+            reason = " ".join(str(err).split()).split(" Check the documentation", 1)[0][:200]
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not load with torch.load(weights_only=True) and was not run "
+                f"({reason}); it is corrupt or not written by lightning-fl: delete it or choose another output_dir."
+            ) from err
+
+
+def check_callback_schedule(
+    callbacks: Sequence[object], *, num_rounds: int, num_clients: int, key: str = "loop.callbacks"
+) -> None:
+    """Reject callbacks scheduled at rounds or clients that the run does not have (they would never fire).
+
+    Any callback with ``rounds`` and/or ``clients`` attributes (0-based integers, ``None`` for all clients) is
+    checked, e.g. :class:`~lightning_fl.callbacks.GradientLeakage`.
+
+    Raises:
+        ValueError: naming the callback, its index, the unreachable values and the run's shape.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_callback_schedule([SimpleNamespace(rounds={0, 99})], num_rounds=2, num_clients=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: loop.callbacks[0].init_args.rounds has [99], which never run: loop.num_rounds=2 gives rounds 0..1.
+    """
+    for index, callback in enumerate(callbacks):
+        rounds = sorted(r for r in getattr(callback, "rounds", None) or () if r >= num_rounds)
+        if rounds:
+            raise ValueError(
+                f"{key}[{index}].init_args.rounds has {rounds}, which never run: loop.num_rounds={num_rounds} "
+                f"gives rounds 0..{num_rounds - 1}."
+            )
+        clients = sorted(c for c in getattr(callback, "clients", None) or () if not 0 <= c < num_clients)
+        if clients:
+            raise ValueError(
+                f"{key}[{index}].init_args.clients has {clients}, which do not exist: data.num_clients={num_clients} "
+                f"gives clients 0..{num_clients - 1}."
+            )
+
+
+def update_norm_outliers(norms: Sequence[float], *, max_ratio: float = 1e3, max_norm: float = 1e6) -> list[int]:
+    r"""Indices of client updates whose norm is not finite or far beyond the round's others.
+
+    Update :math:`i` is an outlier when :math:`\|\Delta_i\|` is NaN or infinite, exceeds the absolute bound
+    ``max_norm``, or exceeds ``max_ratio`` times the median norm of the round (a robust centre that one huge
+    update cannot move). A loop drops these updates before aggregation and warns, as it does for non-finite
+    ones; a single 3e38 update would otherwise overwrite the global model.
+
+    Inferred: no paper fixes this rule; norm bounding of updates follows Sun et al., "Can You Really Backdoor
+    Federated Learning?" (arXiv:1911.07963, Sec. 4), with the bound set relative to the median instead of fixed.
+
+    Args:
+        norms: :math:`\|\Delta_i\|_2` of the round's updates (compute them in float64; float32 overflows).
+        max_ratio: allowed multiple of the median norm.
+        max_norm: absolute bound on any update norm.
+
+    Raises:
+        ValueError: if ``max_ratio <= 1`` or ``max_norm <= 0``.
+
+    Example:
+        >>> update_norm_outliers([0.5, 0.7, 3e38, float("nan"), 0.6])
+        [2, 3]
+    """
+    if max_ratio <= 1 or max_norm <= 0:
+        raise ValueError(f"update_norm_outliers(max_ratio={max_ratio}, max_norm={max_norm}) needs > 1 and > 0.")
+    finite = sorted(n for n in norms if math.isfinite(n))
+    median = finite[(len(finite) - 1) // 2] if finite else 0.0  # the lower median: robust with two clients
+    bound = min(max_norm, max_ratio * median) if median > 0 else max_norm
+    return [i for i, n in enumerate(norms) if not math.isfinite(n) or n > bound]
