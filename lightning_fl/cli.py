@@ -135,7 +135,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
 
     def fit() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
-        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
         summary = loop.fit(resume=cfg.resume)
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
         print(f"summary: {output_dir / 'summary.json'}")
@@ -157,7 +157,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
 
     def attack() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
-        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_check=True)
+        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
         entry = run_attack(
             init.attack,
             data=init.data,

@@ -117,7 +117,7 @@ def check_trainer_options(options: Mapping[str, Any], *, key: str = "loop.traine
             L.Trainer(**{"accelerator": "cpu", "devices": 1, **options, **quiet, "enable_model_summary": False})
     except Exception as err:  # Lightning raises MisconfigurationException, ValueError, RuntimeError, ...
         reason = " ".join(str(err).split())
-        raise ValueError(f"{key}={dict(options)} is rejected by lightning.Trainer: {reason}") from err
+        raise ValueError(f"{key}={dict(options)} is rejected by lightning.Trainer: {reason}") from None
 
 
 def _check_accelerator(name: Any, *, key: str) -> None:
@@ -184,7 +184,7 @@ def check_checkpoints_load_safely(paths: Iterable[Path]) -> None:
             raise ValueError(
                 f"checkpoint {str(path)!r} does not load with torch.load(weights_only=True) and was not run "
                 f"({reason}); it is corrupt or not written by lightning-fl: delete it or choose another output_dir."
-            ) from err
+            ) from None  # the reason is in the message; the refused file is not worth a traceback
 
 
 def check_callback_schedule(

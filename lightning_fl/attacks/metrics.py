@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from functools import cache
 from pathlib import Path
@@ -50,6 +51,11 @@ LPIPS_WARNING = (
     "and this toolkit never downloads during a run. Put the file there (e.g. run "
     "`python -c 'import torchvision; torchvision.models.alexnet(weights=\"DEFAULT\")'` once with a network) "
     "to get LPIPS scores."
+)
+LPIPS_UNSAFE_WARNING = (
+    "LPIPS is reported as null: the AlexNet backbone file {path} is not a plain weights file "
+    "(torch.load(weights_only=True) refused it or it lacks AlexNet layers: {reason}); it was not executed. "
+    "Delete it and put torchvision's original alexnet-owt-7be5be79.pth there."
 )
 
 
@@ -115,16 +121,56 @@ def _alexnet_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(AlexNet_Weights.DEFAULT.url).name
 
 
+def _alexnet_features(path: Path) -> dict[str, Tensor] | None:
+    """The ``features.*`` tensors of the hub-cache AlexNet file, read with ``torch.load(weights_only=True)``.
+
+    torchvision (and so torchmetrics) would read this file with ``weights_only=False``, which runs any pickled
+    code planted in the cache; reading it here with the safe unpickler refuses such a file instead.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason=" ".join(str(err).split())[:160]), stacklevel=4)
+        return None
+    features = {k: v for k, v in state.items() if k.startswith("features.")} if isinstance(state, dict) else {}
+    if not features or not all(isinstance(v, Tensor) for v in features.values()):
+        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason="no AlexNet `features.*` tensors"), stacklevel=4)
+        return None
+    return features
+
+
 @cache
 def _lpips_metric() -> Any:
-    """The torchmetrics LPIPS (AlexNet) module, or ``None`` with one warning when the backbone weights are absent."""
+    """The LPIPS (AlexNet) network of torchmetrics, or ``None`` with one warning when the backbone weights are absent.
+
+    The network is built with a random backbone (nothing read from the hub cache by torchvision) and the cached
+    ImageNet weights are then copied in from :func:`_alexnet_features`; LPIPS' own linear layers ship with
+    torchmetrics.
+    """
+    from torchmetrics.functional.image.lpips import _NoTrainLpips
+
     path = _alexnet_weights_path()
     if not path.exists():
         warnings.warn(LPIPS_WARNING.format(path=path), stacklevel=3)
         return None
-    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
-
-    return LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True, reduction="mean").eval()
+    features = _alexnet_features(path)
+    if features is None:
+        return None
+    net = _NoTrainLpips(net="alex", pnet_rand=True)
+    backbone = {  # torchmetrics splits torchvision's ``features.<i>`` into slices keeping the index ``i``
+        f"{slice_name}.{name}": features.get(f"features.{name}")
+        for slice_name, block in net.net.named_children()
+        for name, _ in block.named_parameters()
+    }
+    if any(v is None for v in backbone.values()):
+        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason="AlexNet layers missing"), stacklevel=3)
+        return None
+    try:
+        net.net.load_state_dict(backbone)
+    except RuntimeError as err:
+        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason=" ".join(str(err).split())[:160]), stacklevel=3)
+        return None
+    return net.eval()
 
 
 def lpips(preds: Tensor, target: Tensor) -> Tensor | None:
@@ -138,9 +184,7 @@ def lpips(preds: Tensor, target: Tensor) -> Tensor | None:
         return None
     expand = (lambda x: x.expand(-1, 3, -1, -1)) if preds.shape[1] == 1 else (lambda x: x)
     with torch.no_grad():
-        return torch.stack(
-            [metric(expand(p[None].float()), expand(t[None].float())) for p, t in zip(preds, target, strict=True)]
-        )
+        return metric(expand(preds.float()), expand(target.float()), normalize=True).reshape(-1)
 
 
 def match_reconstructions(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:

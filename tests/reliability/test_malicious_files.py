@@ -1,0 +1,71 @@
+"""Untrusted files are read with the safe unpickler: a planted payload is refused with one line, never run."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_fl.attacks import metrics as M
+from lightning_fl.cli import main
+from tests.reliability.helpers import FAST, QUICKSTART, Payload, one_error_line
+
+
+@pytest.fixture
+def hub_dir(tmp_path):
+    """A private torch hub cache, and a fresh LPIPS network before and after the test."""
+    before = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    M._lpips_metric.cache_clear()
+    yield tmp_path / "hub" / "checkpoints"
+    M._lpips_metric.cache_clear()
+    torch.hub.set_dir(before)
+
+
+def _images() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.rand(2, 3, 32, 32, generator=generator), torch.rand(2, 3, 32, 32, generator=generator)
+
+
+def test_planted_hub_weights_are_not_executed_by_lpips(hub_dir, tmp_path) -> None:
+    marker = tmp_path / "payload_ran"
+    torch.save({"features.0.weight": Payload(marker)}, M._alexnet_weights_path())
+    with pytest.warns(UserWarning, match="not a plain weights file.*it was not executed"):
+        assert M.lpips(*_images()) is None
+    assert not marker.exists()
+    # control: the loader torchvision (so torchmetrics) calls for this file runs the same payload
+    from torchvision.models import AlexNet_Weights
+
+    torch.hub.load_state_dict_from_url(AlexNet_Weights.DEFAULT.url)
+    assert marker.exists()
+
+
+def test_lpips_uses_plain_hub_weights_read_safely(hub_dir) -> None:
+    from torchvision.models import alexnet
+
+    torch.manual_seed(0)
+    features = {k: v for k, v in alexnet(weights=None).state_dict().items() if k.startswith("features.")}
+    torch.save(features, M._alexnet_weights_path())
+    preds, target = _images()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same, different = M.lpips(target, target), M.lpips(preds, target)
+    assert torch.equal(M._lpips_metric().net.slice1[0].weight, features["features.0.weight"])
+    assert same.shape == (2,) and same.abs().max() < 1e-6 and (different > 0).all()
+
+
+@pytest.mark.parametrize("where", ["checkpoints/server.pt", "clients/client_0.pt"])
+def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, where: str) -> None:
+    run = tmp_path / "run"
+    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST]
+    assert main(base) == 0
+    marker = tmp_path / "payload_ran"
+    (run / where).parent.mkdir(exist_ok=True)  # quickstart has no private layers, so no client storage of its own
+    torch.save({"state": Payload(marker)}, run / where)
+    capsys.readouterr()
+    assert main([*base, "--resume", "true"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert where in line and "weights_only=True" in line and "was not run" in line
+    assert not marker.exists()
