@@ -279,7 +279,7 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
         close = difflib.get_close_matches(name, list(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         return f"{key}.init_args.{name} is not an option of {class_path}{hint}"
-    if key.rsplit(".", 1)[-1] in innermost:
+    if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
         return innermost
     where = f" (class_path {class_path!r})" if class_path else ""
     return f"{key}{where}: {innermost}"

@@ -1,0 +1,129 @@
+"""The bad-input table: every rejected config exits with 2 and one line naming the key, before writing anything.
+
+Each case runs ``lightning_fl.cli.main`` in-process on the quickstart config (or the DLG attack config) with one
+thing wrong, and checks: exit code 2, exactly one line on stderr, that line names the key, no traceback, and
+the run directory was not created (no config.yaml, no checkpoints).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fl.cli import main
+from tests.reliability.helpers import CONFIGS, QUICKSTART, one_error_line
+
+LEAKAGE = "{class_path: lightning_fl.callbacks.GradientLeakage, init_args: {attack: {class_path: lightning_fl.attacks.DLGAttack}, %s}}"  # noqa: E501
+
+FIT_CASES = {
+    # wrong types: jsonargparse's reason, with the full key put back
+    "seed not an integer": (["--seed_everything", "abc"], "seed_everything='abc' is invalid: expected an integer"),
+    "num_clients not an integer": (["--data.num_clients", "abc"], "data.num_clients='abc' is invalid"),
+    "batch_size a fraction": (["--data.batch_size", "1.5"], "data.batch_size='1.5' is invalid"),
+    "alpha not a number": (["--data.alpha", "abc"], "data.alpha='abc' is invalid: expected a number"),
+    "unknown partition": (["--data.partition", "foo"], "data.partition='foo' is invalid: expected one of 'iid'"),
+    "unknown optimizer": (["--model.init_args.optimizer", "rmsprop"], "model.init_args.optimizer='rmsprop'"),
+    "lr not a number": (["--model.init_args.lr", "abc"], "model.init_args.lr='abc' is invalid"),
+    "unknown eval_on": (["--loop.eval_on", "foo"], "loop.eval_on='foo' is invalid: expected one of 'global'"),
+    "unknown wandb_mode": (["--loop.wandb_mode", "foo"], "loop.wandb_mode='foo' is invalid"),
+    "num_rounds not an integer": (["--loop.num_rounds", "abc"], "loop.num_rounds='abc' is invalid"),
+    "clients_per_round text": (["--loop.clients_per_round", "abc"], "loop.clients_per_round='abc' is invalid"),
+    "local_steps text": (["--loop.local_steps", "abc"], "loop.local_steps='abc' is invalid"),
+    "checkpoint not a bool": (["--loop.checkpoint", "maybe"], "loop.checkpoint='maybe' is invalid"),
+    "resume not a bool": (["--resume", "maybe"], "resume='maybe' is invalid: expected true or false"),
+    "trainer mapping without spaces": (["--loop.trainer", "{accelerator:cpu}"], "space after each colon"),
+    "aggregator not a class path": (["--loop.aggregator", "NoSuchAgg"], "loop.aggregator: "),
+    "model class path unknown": (["--model.class_path", "nope.Model"], "model (class_path 'nope.Model')"),
+    "model option misspelt": (["--model.init_args.lrr", "0.1"], "model.init_args.lrr is not an option"),
+    "loop key unknown": (["--loop.no_such_key", "1"], "--loop.no_such_key"),
+    "loop key abbreviated": (["--loop.num_round", "2"], "--loop.num_round"),
+    "data key abbreviated": (["--data.num", "3"], "--data.num"),
+    "config file missing": (["--config", "no/such/config.yaml"], "config: File does not exist"),
+    # wrong values
+    "no clients": (["--data.num_clients", "0"], "data.num_clients=0 must be >= 1"),
+    "empty batches": (["--data.batch_size", "0"], "data.batch_size=0"),
+    "validation share of 150%": (["--data.val_fraction", "1.5"], "data.val_fraction=1.5 must be in [0, 1)"),
+    "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+    "unknown dataset": (["--data.dataset", "no-such-data"], "data.dataset='no-such-data'"),
+    "unknown backbone": (["--model.init_args.backbone", "resnet9000"], "backbone='resnet9000' is unknown"),
+    "negative lr": (["--model.init_args.lr", "-1"], "lr=-1.0 must be > 0"),
+    "NaN lr": (["--model.init_args.lr", ".nan"], "model.init_args.lr=nan must be a finite number > 0"),
+    "infinite lr": (["--model.init_args.lr", ".inf"], "model.init_args.lr=inf must be a finite number > 0"),
+    "zero rounds": (["--loop.num_rounds", "0"], "loop.num_rounds=0 trains nothing"),
+    "negative rounds": (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 trains nothing"),
+    "more clients per round than clients": (["--loop.clients_per_round", "20"], "loop.clients_per_round=20 exceeds"),
+    "fraction above one": (["--loop.clients_per_round", "1.5"], "loop.clients_per_round=1.5 as a fraction"),
+    "zero local epochs": (["--loop.local_epochs", "0"], "loop.local_epochs=0 must be >= 1"),
+    "zero local steps": (["--loop.local_steps", "0"], "loop.local_steps=0 must be >= 1"),
+    "zero min_clients": (["--loop.min_clients", "0"], "loop.min_clients=0 must be between 1"),
+    "negative eval_every": (["--loop.eval_every", "-1"], "loop.eval_every=-1 must be >= 0"),
+    "trainer option misspelt": (["--loop.trainer", "{acelerator: cpu}"], "loop.trainer.acelerator is not an option"),
+    "trainer option owned by the loop": (["--loop.trainer", "{max_epochs: 3}"], "loop.trainer.max_epochs is set by"),
+    "unknown precision": (["--loop.trainer", "{precision: bf17}"], "loop.trainer={'precision': 'bf17'} is rejected"),
+    "unknown strategy": (["--loop.trainer", "{strategy: nope}"], "loop.trainer={'strategy': 'nope'} is rejected"),
+    "resume with nothing to resume": (["--resume", "true"], "resume=true but"),
+    "attack round that never runs": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [99]'}]"], "rounds has [99]"),
+    "attack client that does not exist": (["--loop.callbacks", f"[{LEAKAGE % 'clients: [99]'}]"], "clients has [99]"),
+    "negative attack round": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [-1]'}]"], "rounds=[-1]"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), FIT_CASES.values(), ids=FIT_CASES.keys())
+def test_fit_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
+    run = tmp_path / "run"
+    rc = main(["fit", "--config", str(QUICKSTART), "--output_dir", str(run), "--loop.progress_bar", "false", *args])
+    assert rc == 2
+    assert message in one_error_line(capsys.readouterr().err)
+    assert not run.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_fit_rejects_an_accelerator_the_machine_lacks(tmp_path, capsys) -> None:
+    args = ["--output_dir", str(tmp_path / "run"), "--loop.trainer", "{accelerator: gpu}"]
+    rc = main(["fit", "-c", str(QUICKSTART), *args])
+    assert rc == 2
+    assert "loop.trainer.accelerator='gpu' is not available on this machine" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda run: run.write_text("a file"), "is a file, not a directory"),
+        (lambda run: (run.parent / "file").write_text("a file"), "lies under the file"),
+    ],
+    ids=["output_dir is a file", "output_dir under a file"],
+)
+def test_fit_rejects_an_output_dir_it_cannot_create(tmp_path, capsys, setup, message: str) -> None:
+    run = tmp_path / "run"
+    setup(run)
+    target = run if run.exists() else run.parent / "file" / "run"
+    rc = main(["fit", "-c", str(QUICKSTART), "--output_dir", str(target)])
+    assert rc == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"output_dir={str(target)!r}" in line and message in line
+
+
+def test_yaml_config_with_an_unknown_key_is_rejected(tmp_path, capsys) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(QUICKSTART.read_text().replace("num_rounds: 25", "num_round: 2"))
+    rc = main(["fit", "-c", str(config), "--output_dir", str(tmp_path / "run")])
+    assert rc == 2
+    assert "'loop.num_round'" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--attack.class_path", "nope.Attack"], "attack (class_path 'nope.Attack')"),
+        (["--run.batch_size", "abc"], "run.batch_size='abc' is invalid: expected an integer"),
+        (["--data.partition", "foo"], "data.partition='foo' is invalid"),
+    ],
+)
+def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
+    run = tmp_path / "run"
+    rc = main(["attack", "-c", str(CONFIGS / "dlg_lenet_digits.yaml"), "--output_dir", str(run), *args])
+    assert rc == 2
+    assert message in one_error_line(capsys.readouterr().err)
+    assert not run.exists()
