@@ -108,7 +108,7 @@ def _instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
     """Build data first (so links can read it), then everything else, seeded."""
     L.seed_everything(cfg.seed_everything, verbose=False)
     cfg.data.seed = cfg.data.seed if cfg.data.seed else cfg.seed_everything
-    return parser.instantiate_classes(cfg)
+    return parser.instantiate(cfg)
 
 
 def _check_fit(cfg: Namespace, init: Namespace) -> None:
@@ -245,9 +245,8 @@ def _one_line(err: BaseException) -> str:
         match = _PARSER_KEY.match(str(link))
         if match and (not keys or keys[-1] != match.group(1)):
             keys.append(match.group(1))
-    innermost = " ".join(str(chain[-1]).split())
-    if innermost.startswith("'") and innermost.endswith("'"):
-        innermost = innermost[1:-1]  # a KeyError's repr
+    last = chain[-1]
+    innermost = " ".join(str(last.args[0] if isinstance(last, KeyError) and last.args else last).split())
     expected = _EXPECTED.search(innermost)
     if keys and expected:
         key = ".init_args.".join(keys)

@@ -1,0 +1,100 @@
+"""Exit codes of ``lightning-fl``: 2 bad config, 1 run-time failure, 130 interrupted; each with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+from lightning_fl import cli
+from lightning_fl.cli import main
+from lightning_fl.loop import FederatedLoop
+from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
+
+REPO = QUICKSTART.parents[1]
+
+
+def _fit(output_dir, *extra: str) -> list[str]:
+    return ["fit", "--config", str(QUICKSTART), "--output_dir", str(output_dir), *FAST, *extra]
+
+
+def test_a_failure_after_training_started_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    assert main(_fit(tmp_path, "--loop.eval_metric", "nope")) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "run failed: KeyError: loop.eval_metric='nope' was not logged" in line and cli.TRACEBACK_ENV in line
+
+
+def test_the_traceback_env_shows_the_failure_itself(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    with pytest.raises(KeyError, match=r"loop.eval_metric='nope'"):
+        main(_fit(tmp_path, "--loop.eval_metric", "nope"))
+
+
+def _interrupt(*_: object, **__: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_like_lightning(*_: object, **__: object) -> None:
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        sys.exit(1)  # what lightning.pytorch.trainer.call does on Ctrl+C inside Trainer.fit
+
+
+@pytest.mark.parametrize("fit", [_interrupt, _interrupt_like_lightning], ids=["in the loop", "inside Trainer.fit"])
+def test_an_interrupt_exits_with_130_and_one_line(tmp_path, capsys, monkeypatch, fit) -> None:
+    monkeypatch.setattr(FederatedLoop, "fit", fit)
+    assert main(_fit(tmp_path)) == 130
+    assert capsys.readouterr().err.strip() == (
+        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true."
+    )
+
+
+def test_the_cli_shows_the_toolkits_warnings_and_hides_lightnings(recwarn) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        cli._quiet()
+        warnings.warn_explicit("client 3 dropped", UserWarning, "loop.py", 1, module="lightning_fl.loop")
+        warnings.warn_explicit("few workers", UserWarning, "data.py", 1, module="lightning.pytorch.trainer")
+    assert [str(w.message) for w in recwarn] == ["client 3 dropped"]
+
+
+def _command(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lightning_fl.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_command_exits_with_2_and_one_line_on_a_bad_config(tmp_path) -> None:
+    process = _command("fit", "-c", str(QUICKSTART), "--output_dir", str(tmp_path / "run"), "--data.alpha", "abc")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert "data.alpha='abc' is invalid" in one_error_line(stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_during_training_exits_with_130_and_one_line(tmp_path) -> None:
+    run = tmp_path / "run"
+    process = _command(*_fit(run)[:-6], "--loop.num_rounds", "200", "--data.image_size", "16")
+    checkpoint, deadline = run / "checkpoints" / "server.pt", time.monotonic() + 120
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert checkpoint.exists(), process.communicate()[1]
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines() == [
+        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true."
+    ]
