@@ -8,7 +8,6 @@ command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/`
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import importlib
 import inspect
@@ -185,9 +184,6 @@ RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 """Exit codes of ``lightning-fl``: 2 only before anything is written; 130 = 128 + SIGINT, as shells report it."""
 
-CONFIG_ERRORS = (argparse.ArgumentError, ValueError, TypeError, KeyError, FileNotFoundError, ImportError)
-"""Raised while parsing, building and checking a config: all of them mean a bad config (exit code 2)."""
-
 TRACEBACK_ENV = "LIGHTNING_FL_TRACEBACK"
 """Set to 1 to get the full traceback of a run-time failure instead of its one-line summary."""
 
@@ -297,9 +293,10 @@ def _interrupted() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-fl``; returns the exit code.
 
-    Exit codes: 0 done; 2 bad config (parsing, building or checking it failed; nothing was written, no run
-    directory was created); 1 the run failed after it started (one line; ``LIGHTNING_FL_TRACEBACK=1`` gives the
-    traceback); 130 interrupted (Ctrl+C). ``--help`` and ``--print_config`` exit with 0 through ``SystemExit``.
+    Exit codes: 0 done; 2 bad config (parsing, building or checking it failed, e.g. a data set that cannot be
+    loaded; nothing was written, no run directory was created); 1 the run failed after it started (one line;
+    ``LIGHTNING_FL_TRACEBACK=1`` gives the traceback); 130 interrupted (Ctrl+C). ``--help`` and
+    ``--print_config`` exit with 0 through ``SystemExit``.
     Warning filters and format are set for the call only and restored afterwards.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -317,11 +314,11 @@ def _main(args: list[str]) -> int:
         parser = build_parser()
         cfg = parser.parse_args(args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
-    except CONFIG_ERRORS as err:
-        print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
     except KeyboardInterrupt:
         return _interrupted()
+    except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
+        print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     try:
         run()
     except KeyboardInterrupt:
