@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 import warnings
 
 import pytest
+import torch
 
 from lightning_fl import cli
 from lightning_fl.cli import main
@@ -28,6 +30,16 @@ def test_a_failure_after_training_started_exits_with_1_and_one_line(tmp_path, ca
     assert main(_fit(tmp_path, "--loop.eval_metric", "nope")) == 1
     line = one_error_line(capsys.readouterr().err)
     assert "run failed: KeyError: loop.eval_metric='nope' was not logged" in line and cli.TRACEBACK_ENV in line
+
+
+def test_a_full_disk_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) -> None:
+    def no_space(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    monkeypatch.setattr(torch, "save", no_space)  # the first checkpoint write, after round 0
+    assert main(_fit(tmp_path)) == 1
+    assert "run failed: OSError: [Errno 28] No space left on device" in one_error_line(capsys.readouterr().err)
 
 
 def test_the_traceback_env_shows_the_failure_itself(tmp_path, monkeypatch) -> None:
