@@ -214,7 +214,7 @@ _UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
 
 
 def _type_name(annotation: str) -> str:
-    """``<class 'int'>`` -> ``an int``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    """``<class 'int'>`` -> ``an integer``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
     if annotation.startswith("typing.Literal[") and annotation.endswith("]"):
         return f"one of {annotation[len('typing.Literal[') : -1]}"
     name = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", annotation).replace("NoneType", "null")

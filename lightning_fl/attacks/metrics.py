@@ -121,31 +121,41 @@ def _alexnet_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(AlexNet_Weights.DEFAULT.url).name
 
 
-def _alexnet_features(path: Path) -> dict[str, Tensor] | None:
-    """The ``features.*`` tensors of the hub-cache AlexNet file, read with ``torch.load(weights_only=True)``.
+def _load_alexnet_backbone(slices: torch.nn.Module, path: Path) -> None:
+    """Copy the ``features.*`` tensors of the hub-cache AlexNet file into torchmetrics' AlexNet ``slices``.
 
-    torchvision (and so torchmetrics) would read this file with ``weights_only=False``, which runs any pickled
-    code planted in the cache; reading it here with the safe unpickler refuses such a file instead.
+    The file is read with ``torch.load(weights_only=True)``: torchvision (and so torchmetrics) would read it with
+    ``weights_only=False``, which runs any pickled code planted in the cache. torchmetrics splits torchvision's
+    ``features.<i>`` into ``slice<k>.<i>``, keeping the index ``i``.
+
+    Raises:
+        ValueError: with the reason, if the file is refused by the safe unpickler or lacks an AlexNet layer.
     """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
-        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason=" ".join(str(err).split())[:160]), stacklevel=4)
-        return None
-    features = {k: v for k, v in state.items() if k.startswith("features.")} if isinstance(state, dict) else {}
-    if not features or not all(isinstance(v, Tensor) for v in features.values()):
-        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason="no AlexNet `features.*` tensors"), stacklevel=4)
-        return None
-    return features
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise ValueError(" ".join(str(err).split())[:160]) from None
+    state = state if isinstance(state, dict) else {}
+    backbone = {
+        f"{slice_name}.{name}": state.get(f"features.{name}")
+        for slice_name, block in slices.named_children()
+        for name, _ in block.named_parameters()
+    }
+    missing = sorted(k for k, v in backbone.items() if not isinstance(v, Tensor))
+    if missing:
+        raise ValueError(f"no AlexNet tensors for {missing[:2]}")
+    try:
+        slices.load_state_dict(backbone)
+    except RuntimeError as err:
+        raise ValueError(" ".join(str(err).split())[:160]) from None
 
 
 @cache
 def _lpips_metric() -> Any:
     """The LPIPS (AlexNet) network of torchmetrics, or ``None`` with one warning when the backbone weights are absent.
 
-    The network is built with a random backbone (nothing read from the hub cache by torchvision) and the cached
-    ImageNet weights are then copied in from :func:`_alexnet_features`; LPIPS' own linear layers ship with
-    torchmetrics.
+    The network is built with a random backbone (torchvision reads nothing from the hub cache) and the cached
+    ImageNet weights are copied in by :func:`_load_alexnet_backbone`; LPIPS' linear layers ship with torchmetrics.
     """
     from torchmetrics.functional.image.lpips import _NoTrainLpips
 
@@ -153,22 +163,11 @@ def _lpips_metric() -> Any:
     if not path.exists():
         warnings.warn(LPIPS_WARNING.format(path=path), stacklevel=3)
         return None
-    features = _alexnet_features(path)
-    if features is None:
-        return None
     net = _NoTrainLpips(net="alex", pnet_rand=True)
-    backbone = {  # torchmetrics splits torchvision's ``features.<i>`` into slices keeping the index ``i``
-        f"{slice_name}.{name}": features.get(f"features.{name}")
-        for slice_name, block in net.net.named_children()
-        for name, _ in block.named_parameters()
-    }
-    if any(v is None for v in backbone.values()):
-        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason="AlexNet layers missing"), stacklevel=3)
-        return None
     try:
-        net.net.load_state_dict(backbone)
-    except RuntimeError as err:
-        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason=" ".join(str(err).split())[:160]), stacklevel=3)
+        _load_alexnet_backbone(net.net, path)
+    except ValueError as err:
+        warnings.warn(LPIPS_UNSAFE_WARNING.format(path=path, reason=err), stacklevel=3)
         return None
     return net.eval()
 

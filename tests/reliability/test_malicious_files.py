@@ -69,3 +69,9 @@ def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, where: st
     line = one_error_line(capsys.readouterr().err)
     assert where in line and "weights_only=True" in line and "was not run" in line
     assert not marker.exists()
+
+
+def test_a_hub_file_without_alexnet_layers_gives_null_lpips(hub_dir) -> None:
+    torch.save({"features.0.weight": torch.zeros(64, 3, 11, 11)}, M._alexnet_weights_path())
+    with pytest.warns(UserWarning, match=r"no AlexNet tensors for \['slice1.0.bias'"):
+        assert M.lpips(*_images()) is None
