@@ -1,0 +1,105 @@
+"""A user's own data (a LightningDataModule, a TensorDataset, a Dataset of pairs) federated with a user's model."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_fl import FederatedLoop
+from lightning_fl.datamodules import FederatedDataModule, dataset_labels
+from tests.user_project import DigitsDataModule, DigitsNet, DigitsPairs, digits_tensors
+
+
+def _fit(dm: FederatedDataModule, tmp_path, *, eval_every: int = 1) -> FederatedLoop:
+    torch.manual_seed(0)
+    loop = FederatedLoop(
+        DigitsNet(),
+        dm,
+        num_rounds=3,
+        local_epochs=2,
+        eval_every=eval_every,
+        output_dir=tmp_path,
+        checkpoint=False,
+        progress_bar=False,
+    )
+    loop.fit()
+    return loop
+
+
+def test_user_datamodule_is_split_and_its_test_set_evaluates_the_global_model(tmp_path) -> None:
+    dm = FederatedDataModule(DigitsDataModule(), num_clients=4, partition="iid", batch_size=32)
+    assert sum(dm.num_train_samples(k) for k in range(4)) + sum(len(dm.client_val_set(k)) for k in range(4)) == 1500
+    assert len(dm.test_set) == 297 and dm.input_shape == (1, 8, 8) and dm.num_classes == 10
+    loop = _fit(dm, tmp_path)
+    assert all(h["train_loss"] is not None for h in loop.history)
+    assert loop.history[-1]["test_accuracy"] > 0.8  # chance is 0.1
+
+
+@pytest.mark.parametrize("make", [lambda x, y: TensorDataset(x, y), DigitsPairs], ids=["tensor_dataset", "pairs"])
+def test_user_dataset_trains_a_user_model(make, tmp_path) -> None:
+    x, y = digits_tensors()
+    dm = FederatedDataModule(
+        make(x[:1500], y[:1500]), test_dataset=make(x[1500:], y[1500:]), num_clients=3, partition="dirichlet"
+    )
+    loop = _fit(dm, tmp_path)
+    assert loop.history[-1]["test_accuracy"] > 0.8
+
+
+def test_labels_are_read_without_loading_samples_when_the_dataset_stores_them() -> None:
+    class Stored(TensorDataset):
+        def __getitem__(self, index):  # a sample read would fail: only .targets may be used
+            raise AssertionError("labels were read sample by sample")
+
+    x, y = digits_tensors()
+    stored = Stored(x)
+    stored.targets = y.tolist()
+    assert np.array_equal(dataset_labels(stored), y.numpy())
+    assert np.array_equal(dataset_labels(DigitsPairs(x, y)), y.numpy())
+
+
+def test_dataset_without_test_set_trains_and_says_how_to_evaluate(tmp_path) -> None:
+    x, y = digits_tensors()
+    dm = FederatedDataModule(TensorDataset(x, y), num_clients=2, partition="iid")
+    _fit(dm, tmp_path, eval_every=0)
+    with pytest.raises(ValueError, match=r"no test set .* pass data\.test_dataset=.*loop\.eval_every=0"):
+        dm.test_dataloader()
+
+
+def test_datamodule_without_train_set_names_the_fix() -> None:
+    class NoTrain(L.LightningDataModule):
+        def test_dataloader(self) -> DataLoader:
+            return DataLoader(TensorDataset(*digits_tensors()))
+
+    with pytest.raises(ValueError, match=r"data\.dataset=NoTrain has no training set.*train_dataloader\(\)"):
+        FederatedDataModule(NoTrain(), num_clients=2).setup()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "error", "match"),
+    [
+        (42, TypeError, "data.dataset is a int; pass a dataset name"),
+        (TensorDataset(torch.rand(4, 2), torch.rand(4)), ValueError, "one integer class label per sample"),
+        (TensorDataset(torch.rand(4, 2)), ValueError, r"not an \(x, y\) pair"),
+    ],
+)
+def test_unusable_data_gets_a_one_line_error(dataset, error, match) -> None:
+    with pytest.raises(error, match=match):
+        FederatedDataModule(dataset, num_clients=2, partition="iid").setup()
+
+
+def test_model_options_refuses_non_image_samples() -> None:
+    x, y = digits_tensors(images=False)
+    dm = FederatedDataModule(TensorDataset(x, y), num_clients=2, partition="iid")
+    with pytest.raises(ValueError, match=r"shape \(64,\), not images"):
+        _ = dm.model_options
+
+
+def test_model_options_of_a_user_image_dataset_match_the_stored_statistics() -> None:
+    x, y = digits_tensors()
+    options = FederatedDataModule(DigitsPairs(x, y), num_clients=2, partition="iid").model_options
+    assert options["in_channels"] == 1 and options["image_size"] == 8 and options["num_classes"] == 10
+    assert options["input_mean"][0] == pytest.approx(x.mean().item(), abs=1e-5)
+    assert options["input_std"][0] == pytest.approx(x.std().item(), abs=1e-5)
