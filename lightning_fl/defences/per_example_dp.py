@@ -147,12 +147,18 @@ class _UnitAwareGradSampleModule(GradSampleModule):
 
 
 def _check_no_batch_norm(module: nn.Module) -> None:
-    norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if norms:
+    """Raise if a BatchNorm would mix the examples of a batch, with the fix for its kind of layer."""
+    for name, m in module.named_modules():
+        if not isinstance(m, nn.modules.batchnorm._BatchNorm):
+            continue
+        if name.endswith(".norm") and getattr(module.get_submodule(name.rpartition(".")[0]), "per_example_unit", False):
+            raise ValueError(
+                f"PerExampleDP: the key-lock layer {name.rpartition('.')[0]} normalises with BatchNorm, which mixes "
+                "the examples of a batch; build it with add_keylock(..., norm='group') or KeyLocks(norm='group')."
+            )
         raise ValueError(
-            f"PerExampleDP cannot compute per-example gradients through BatchNorm ({', '.join(norms[:3])}): it mixes "
-            "the examples of a batch; before training call `model = opacus.validators.ModuleValidator.fix(model)` "
-            "(BatchNorm -> GroupNorm, key-lock layers included)."
+            f"PerExampleDP cannot compute per-example gradients through BatchNorm {name}: it mixes the examples "
+            "of a batch; before training call `model = opacus.validators.ModuleValidator.fix(model)` (GroupNorm)."
         )
 
 
