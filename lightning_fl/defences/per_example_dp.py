@@ -172,10 +172,11 @@ class PerExampleDP(L.Callback):
     Abadi et al. as Opacus' ``make_private`` runs it: flat clipping to C and one draw of
     :math:`\mathcal N(0, \sigma^2C^2)` on the batch's summed clipped gradient, divided by B.
 
-    After every optimiser step it logs ``epsilon`` (at ``delta``), ``delta``, ``noise_multiplier`` and
-    ``max_grad_norm`` with ``pl_module.log``, so they reach ``trainer.callback_metrics`` and the Trainer's
-    logger. Its accountant is saved in Lightning checkpoints (``state_dict``) and restored on resume, so
-    epsilon keeps counting across ``Trainer.fit(ckpt_path=...)``.
+    It logs ``epsilon`` (at ``delta``), ``delta``, ``noise_multiplier`` and ``max_grad_norm`` with
+    ``pl_module.log`` every ``Trainer(log_every_n_steps)`` optimiser steps and at the end of every epoch, so they
+    reach ``trainer.callback_metrics`` and the Trainer's logger (an RDP epsilon takes milliseconds to compute,
+    so not every step). Its accountant is saved in Lightning checkpoints (``state_dict``) and restored on
+    resume, so epsilon keeps counting across ``Trainer.fit(ckpt_path=...)``.
 
     With ``clipping="per_layer"`` and ``noise_scaling="per_example"`` it implements lines 8-15 of Alg. 2
     (Fed-CDP) of Wei et al. (ICDCS 2021):
@@ -265,6 +266,7 @@ class PerExampleDP(L.Callback):
         self._batch: Any = None
         self._names: dict[torch.Tensor, str] = {}
         self._module: L.LightningModule | None = None
+        self._epsilon_cache: tuple[Any, float] = (None, 0.0)
 
     # -- Lightning hooks ---------------------------------------------------------------------------------
     @override
@@ -282,8 +284,13 @@ class PerExampleDP(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
         self._batch = None
-        if self.privacy_accountant.history:
+        if self.privacy_accountant.history and trainer.global_step % trainer.log_every_n_steps == 0:
             pl_module.log_dict(self._privacy_metrics(), on_step=True, on_epoch=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.privacy_accountant.history:
+            pl_module.log_dict(self._privacy_metrics(), on_step=False, on_epoch=True)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -304,8 +311,11 @@ class PerExampleDP(L.Callback):
         self.privacy_accountant.load_state_dict(state_dict["accountant"])
 
     def epsilon(self) -> float:
-        """:math:`\\epsilon` spent so far at :attr:`delta` (0 before the first step)."""
-        return self.privacy_accountant.get_epsilon(self.delta)
+        """:math:`\\epsilon` spent so far at :attr:`delta` (0 before any step); recomputed only after new steps."""
+        key = (id(self.privacy_accountant), tuple(self.privacy_accountant.history), self.delta)
+        if key != self._epsilon_cache[0]:
+            self._epsilon_cache = (key, self.privacy_accountant.get_epsilon(self.delta))
+        return self._epsilon_cache[1]
 
     def _privacy_metrics(self) -> dict[str, float]:
         return {
