@@ -225,7 +225,7 @@ def test_load_defended_restores_a_retrofitted_user_model_into_its_own_class(kind
         "both": [Passports(num_convs=1, passport_size=8), KeyLocks(key_length=32)],
     }[kind]
     trained, path = _trained_defended_user_model(tmp_path, defences)
-    with pytest.raises(RuntimeError, match="Missing key|Unexpected key"):
+    with pytest.raises(RuntimeError, match=r"Missing key|Unexpected key"):
         DigitsNet.load_from_checkpoint(path)  # why the helper exists: the plain class no longer fits
     restored = load_defended(DigitsNet, path, defences=defences)
     assert type(restored) is DigitsNet and restored.hparams.channels == 6
