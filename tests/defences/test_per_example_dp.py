@@ -247,3 +247,35 @@ def test_decaying_the_clip_bound_beats_a_constant_one_at_equal_epsilon(tmp_path:
 def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FedCDP(**kwargs)
+
+
+def test_fed_cdp_trains_a_passport_model_in_the_loop_and_keeps_passports_private(tmp_path: Path) -> None:
+    from lightning_fl.defences import DefendedClassifier, Passports
+
+    dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=16, seed=0)
+    torch.manual_seed(0)
+    model = DefendedClassifier("lenet_dlg", defences=[Passports(num_convs=1, passport_size=16)], **dm.model_options)
+    recorder = _Updates()
+    loop = FederatedLoop(
+        model,
+        dm,
+        num_rounds=1,
+        clients_per_round=2,
+        local_steps=3,
+        eval_every=0,
+        callbacks=[FedCDP(noise_multiplier=1.0, noise_scaling="per_batch"), recorder],
+        output_dir=tmp_path,
+        checkpoint=False,
+        progress_bar=False,
+    )
+    summary = loop.fit()
+    assert summary["history"][0]["epsilon"] > 0 and len(recorder.updates) == 2
+    assert all(not any("passport" in k or ".encoder." in k for k in u.delta) for u in recorder.updates)
+
+
+class _Updates(FederatedCallback):
+    def __init__(self) -> None:
+        self.updates: list = []
+
+    def on_client_fit_end(self, loop, update) -> None:
+        self.updates.append(update)
