@@ -103,3 +103,8 @@ def test_model_options_of_a_user_image_dataset_match_the_stored_statistics() -> 
     assert options["in_channels"] == 1 and options["image_size"] == 8 and options["num_classes"] == 10
     assert options["input_mean"][0] == pytest.approx(x.mean().item(), abs=1e-5)
     assert options["input_std"][0] == pytest.approx(x.std().item(), abs=1e-5)
+
+
+def test_test_dataset_is_refused_where_the_source_brings_its_own() -> None:
+    with pytest.raises(ValueError, match=r"data\.test_dataset is only used with a Dataset"):
+        FederatedDataModule("digits", test_dataset=TensorDataset(*digits_tensors()))
