@@ -7,10 +7,12 @@ SGD lr 0.1 with momentum 0.9, 2 epochs, sigma = 1, C = 1 (flat clipping), delta 
 core; not run in CI::
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/dp_user_model.py
+    PYTHONPATH=. python benchmarks/dp_user_model.py --device cuda    # the same on a GPU (seeded noise on CUDA)
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 import warnings
 
@@ -22,7 +24,7 @@ from lightning_fl.defences import PerExampleDP, add_keylock, add_passports
 from tests.user_project import DigitsNet, digits_tensors
 
 
-def run(defence: str, noise_scaling: str) -> dict[str, float]:
+def run(defence: str, noise_scaling: str, *, device: str = "cpu") -> dict[str, float]:
     """Train the user model once with DP-SGD and return its test accuracy, epsilon and CPU seconds."""
     torch.manual_seed(0)
     model = DigitsNet(lr=0.1)
@@ -36,7 +38,7 @@ def run(defence: str, noise_scaling: str) -> dict[str, float]:
     dp = PerExampleDP(noise_multiplier=1.0, max_grad_norm=1.0, noise_scaling=noise_scaling, seed=0)
     trainer = L.Trainer(
         max_epochs=2, callbacks=[dp], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu",
+        enable_model_summary=False, accelerator="gpu" if device == "cuda" else "cpu", devices=1,
     )  # fmt: skip
     start = time.process_time()
     trainer.fit(model, train)
@@ -47,11 +49,14 @@ def run(defence: str, noise_scaling: str) -> dict[str, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    device = parser.parse_args().device
     warnings.filterwarnings("ignore")
     print("| model | noise_scaling | test accuracy | epsilon | CPU s |\n|---|---|---|---|---|")
     for defence in ("none", "passport", "keylock"):
         for scaling in ("per_batch", "per_example"):
-            row = run(defence, scaling)
+            row = run(defence, scaling, device=device)
             print(
                 f"| {defence} | {scaling} | {row['test_accuracy']:.3f} | {row['epsilon']:.2f} | "
                 f"{row['cpu_seconds']:.1f} |"

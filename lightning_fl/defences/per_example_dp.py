@@ -351,7 +351,7 @@ class PerExampleDP(L.Callback):
         options = {
             "noise_multiplier": multiplier,
             "expected_batch_size": batch_size,
-            "generator": None if self.seed is None else torch.Generator().manual_seed(self.seed),
+            "generator": None if self.seed is None else torch.Generator(pl_module.device).manual_seed(self.seed),
         }
         if self.clipping == "per_layer":
             dp_optimizer = DPPerLayerOptimizer(optimizer, max_grad_norm=[self.max_grad_norm] * len(params), **options)
