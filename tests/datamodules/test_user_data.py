@@ -123,3 +123,35 @@ def test_cli_fits_a_user_datamodule_and_a_user_model_from_yaml(tmp_path) -> None
     assert main(["fit", "--config", str(config), "--output_dir", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.5  # the user's own test set (297 digits), chance 0.1
+
+
+def _photo_patches(count: int, seed: int) -> TensorDataset:
+    """``count`` random 16x16 RGB patches of each of sklearn's two photos (china, flower), labelled by photo."""
+    from sklearn.datasets import load_sample_images
+
+    g = torch.Generator().manual_seed(seed)
+    patches, labels = [], []
+    for label, photo in enumerate(load_sample_images().images):
+        image = torch.tensor(photo).permute(2, 0, 1).float() / 255.0
+        for _ in range(count):
+            top = int(torch.randint(0, image.shape[1] - 16, (1,), generator=g))
+            left = int(torch.randint(0, image.shape[2] - 16, (1,), generator=g))
+            patches.append(image[:, top : top + 16, left : left + 16])
+            labels.append(label)
+    return TensorDataset(torch.stack(patches), torch.tensor(labels))
+
+
+def test_natural_rgb_photos_in_a_user_dataset_train_our_classifier_from_model_options(tmp_path) -> None:
+    from lightning_fl.models import ImageClassifier
+
+    dm = FederatedDataModule(
+        _photo_patches(150, seed=0), test_dataset=_photo_patches(50, seed=1), num_clients=2, partition="iid"
+    )
+    options = dm.model_options
+    assert (options["num_classes"], options["in_channels"], options["image_size"]) == (2, 3, 16)
+    torch.manual_seed(0)
+    model = ImageClassifier("lenet5", **options, lr=2e-3)
+    loop = FederatedLoop(
+        model, dm, num_rounds=2, local_epochs=2, output_dir=tmp_path, checkpoint=False, progress_bar=False
+    )
+    assert loop.fit()["test_accuracy"] > 0.8  # chance 0.5
