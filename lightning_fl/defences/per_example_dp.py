@@ -93,8 +93,8 @@ class _UnitGradSampler:
     :math:`\\langle f_\\theta(x_j), \\partial L/\\partial f(x_j)\\rangle`) and stores ``grad_sample`` as Opacus does.
     """
 
-    def __init__(self, module: nn.Module, *, batch_size_scale: bool) -> None:
-        self.module, self.batch_size_scale = module, batch_size_scale
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
         self.replica = copy.deepcopy(module).to("meta")  # structure only; weights come from functional_call
         self.inputs: list[Tensor] = []
         self.handles: list[RemovableHandle] = [
@@ -108,7 +108,7 @@ class _UnitGradSampler:
 
     def _per_example_gradients(self, module: nn.Module, grad_input: Any, grad_output: tuple[Tensor, ...]) -> None:
         inputs = self.inputs.pop()
-        backprops = grad_output[0].detach() * (inputs.shape[0] if self.batch_size_scale else 1)
+        backprops = grad_output[0].detach() * inputs.shape[0]  # undo the batch mean: the grad of each example's loss
         params = {n: p for n, p in module.named_parameters() if p.requires_grad}
         buffers = dict(module.named_buffers())
 
@@ -148,13 +148,16 @@ class _UnitAwareGradSampleModule(GradSampleModule):
 
 def _check_no_batch_norm(module: nn.Module) -> None:
     """Raise if a BatchNorm would mix the examples of a batch, with the fix for its kind of layer."""
+    units = [name for name, m in module.named_modules() if _is_unit(m)]
     for name, m in module.named_modules():
         if not isinstance(m, nn.modules.batchnorm._BatchNorm):
             continue
-        if name.endswith(".norm") and getattr(module.get_submodule(name.rpartition(".")[0]), "per_example_unit", False):
+        owner = next((unit for unit in units if name.startswith(f"{unit}.")), None)
+        if owner is not None:
             raise ValueError(
-                f"PerExampleDP: the key-lock layer {name.rpartition('.')[0]} normalises with BatchNorm, which mixes "
-                "the examples of a batch; build it with add_keylock(..., norm='group') or KeyLocks(norm='group')."
+                f"PerExampleDP: the layer {owner} ({type(module.get_submodule(owner)).__name__}) normalises with "
+                "BatchNorm, which mixes the examples of a batch; build it with norm='group' (add_keylock(..., "
+                "norm='group'), KeyLocks(norm='group'))."
             )
         raise ValueError(
             f"PerExampleDP cannot compute per-example gradients through BatchNorm {name}: it mixes the examples "
@@ -340,7 +343,7 @@ class PerExampleDP(L.Callback):
         optimizer = trainer.optimizers[0]
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self._gsm = _UnitAwareGradSampleModule(pl_module, loss_reduction="mean")
-        self._units = [_UnitGradSampler(m, batch_size_scale=True) for m in pl_module.modules() if _is_unit(m)]
+        self._units = [_UnitGradSampler(m) for m in pl_module.modules() if _is_unit(m)]
         multiplier = opacus_noise_multiplier(
             noise_multiplier=self.noise_multiplier,
             clipping=self.clipping,

@@ -98,7 +98,7 @@ class _WithBatchNorm(DigitsNet):
     ("make", "match"),
     [
         (_WithBatchNorm, r"BatchNorm features\.1: .*ModuleValidator\.fix\(model\)"),
-        (lambda: add_keylock(DigitsNet(), key_length=8), r"key-lock layer features\.0\.1 .*norm='group'"),
+        (lambda: add_keylock(DigitsNet(), key_length=8), r"layer features\.0\.1 \(KeyLockNorm2d\) .*norm='group'"),
     ],
     ids=["batch_norm", "keylock_batch_norm"],
 )
