@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightning_fl.datamodules.datasets import ImageTensorDataset, load_dataset
-from lightning_fl.datamodules.partitioners import PARTITIONERS, PartitionName, partition
+from lightning_fl.datamodules.partitioners import PARTITIONERS, PartitionName, dataset_labels, partition
 from lightning_fl.messages import GroundTruth
 
-__all__ = ["FederatedDataModule"]
+__all__ = ["DataSource", "FederatedDataModule"]
+
+DataSource = str | Path | Dataset | L.LightningDataModule
+"""What a federation can be built from: a dataset name or ImageFolder path, any ``Dataset`` of ``(x, y)`` samples,
+or a user's ``LightningDataModule``."""
 
 
 class FederatedDataModule:
     """Split a dataset across ``num_clients`` clients; give each its own train/validation loaders.
 
     Not a ``LightningDataModule``: there is one of these for the whole federation, and it hands each
-    client's own ``lightning.Trainer`` the loaders of that client. Data is held in memory as tensors,
-    so per-client loaders are built once and reused every round.
+    client's own ``lightning.Trainer`` the loaders of that client. Per-client datasets are built once and
+    reused every round. The partitioners see only the labels (read without loading samples where the
+    dataset allows: ``.targets``, ``.labels``, a ``TensorDataset``'s second tensor, a ``Subset`` of those).
 
     Args:
-        dataset: a dataset name (``digits`` default, ``lfw_faces``, ``mnist``, ``fashion_mnist``,
-            ``cifar10``, ``cifar100``, ``lfw``) or an ImageFolder directory; see
-            :func:`~lightning_fl.datamodules.datasets.load_dataset`.
+        dataset: what to split (see :data:`DataSource`):
+
+            * a dataset name (``digits`` default, ``lfw_faces``, ``mnist``, ``fashion_mnist``, ``cifar10``,
+              ``cifar100``, ``lfw``) or an ImageFolder directory; see
+              :func:`~lightning_fl.datamodules.datasets.load_dataset`;
+            * any ``torch.utils.data.Dataset`` of ``(x, y)`` samples with integer labels ``y``; its global
+              test set is ``test_dataset``;
+            * a user's ``LightningDataModule``: ``prepare_data()`` and ``setup("fit")`` are called and its
+              ``train_dataloader().dataset`` is split; ``setup("test")`` and ``test_dataloader().dataset``
+              (else ``val_dataloader().dataset``) give the global test set.
         num_clients: number of clients N.
         partition: ``iid``, ``dirichlet`` (label skew), ``shards`` (McMahan) or ``label_buckets`` (2DP-FL).
         alpha: Dirichlet concentration (``partition="dirichlet"``); smaller is more skewed.
@@ -37,24 +52,34 @@ class FederatedDataModule:
             FedBoosting and early stopping; 0 disables).
         batch_size: local mini-batch size for training.
         eval_batch_size: batch size of validation and test loaders.
-        image_size: side length images are resized to (``None`` keeps the native size).
-        channels: force 1 or 3 channels (``None`` keeps the native count).
+        image_size: side length images are resized to (``None`` keeps the native size); names and
+            ImageFolder paths only: a ``Dataset`` or ``LightningDataModule`` is used as it is.
+        channels: force 1 or 3 channels (``None`` keeps the native count); names and ImageFolder paths only.
         root: where torchvision datasets are stored / downloaded.
         download: allow torchvision downloads.
+        test_dataset: the global test set when ``dataset`` is a ``Dataset`` (``None``: no global evaluation;
+            set ``FederatedLoop(eval_every=0)``).
         seed: seed of the partition and of the validation split.
 
     Raises:
-        ValueError: on an unknown dataset or partition, or a split that cannot be made (see messages).
+        TypeError: if ``dataset`` is none of the accepted kinds.
+        ValueError: on an unknown dataset or partition, a ``LightningDataModule`` without a train set, or a
+            split that cannot be made (see messages).
 
     Example:
         >>> dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16)
         >>> dm.num_classes, dm.input_shape, sum(dm.num_train_samples(k) for k in range(4))
         (10, (1, 16, 16), 1296)
+        >>> from torch.utils.data import TensorDataset
+        >>> xs, ys = torch.rand(40, 3), torch.arange(40) % 2
+        >>> dm = FederatedDataModule(TensorDataset(xs, ys), num_clients=2, partition="iid", val_fraction=0.0)
+        >>> dm.num_classes, dm.input_shape, dm.num_train_samples(0)
+        (2, (3,), 20)
     """
 
     def __init__(
         self,
-        dataset: str = "digits",
+        dataset: DataSource = "digits",
         *,
         num_clients: int = 10,
         partition: PartitionName = "dirichlet",
@@ -68,8 +93,19 @@ class FederatedDataModule:
         channels: int | None = None,
         root: str | None = None,
         download: bool = True,
+        test_dataset: Dataset | None = None,
         seed: int = 0,
     ) -> None:
+        if not isinstance(dataset, (str, Path, Dataset, L.LightningDataModule)):
+            raise TypeError(
+                f"data.dataset is a {type(dataset).__name__}; pass a dataset name, an ImageFolder path, a "
+                "torch.utils.data.Dataset of (x, y) samples or a LightningDataModule."
+            )
+        if test_dataset is not None and not isinstance(dataset, Dataset):
+            raise ValueError(
+                "data.test_dataset is only used with a Dataset `dataset`; names, folders and LightningDataModules "
+                "bring their own test set."
+            )
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1).")
         if batch_size < 1 or eval_batch_size < 1:
@@ -82,7 +118,7 @@ class FederatedDataModule:
             raise ValueError(f"data.alpha={alpha} must be > 0 (the Dirichlet concentration; 0.5 is common).")
         if partition == "shards" and shards_per_client < 1:
             raise ValueError(f"data.shards_per_client={shards_per_client} must be >= 1.")
-        self.dataset = dataset
+        self.dataset = str(dataset) if isinstance(dataset, Path) else dataset
         self.num_clients = num_clients
         self.partition = partition
         self.alpha = alpha
@@ -95,6 +131,7 @@ class FederatedDataModule:
         self.channels = channels
         self.root = root
         self.download = download
+        self.test_dataset = test_dataset
         self.seed = seed
 
     # -- data ------------------------------------------------------------------------------------------
@@ -109,20 +146,49 @@ class FederatedDataModule:
         )
 
     @cached_property
-    def train_set(self) -> ImageTensorDataset:
+    def _sources(self) -> tuple[Dataset, Dataset | None]:
+        """``(train, test)`` datasets; ``test`` is ``None`` when the source has none."""
+        if isinstance(self.dataset, str):
+            return self._load(train=True), self._load(train=False)
+        if isinstance(self.dataset, L.LightningDataModule):
+            return _datamodule_sets(self.dataset)
+        return self.dataset, self.test_dataset
+
+    @property
+    def train_set(self) -> Dataset:
         """The whole training split (all clients together)."""
-        return self._load(train=True)
+        return self._sources[0]
+
+    @property
+    def test_set(self) -> Dataset:
+        """The global test split, used to evaluate the global model.
+
+        Raises:
+            ValueError: if the source has no test set (say which argument supplies one).
+        """
+        test = self._sources[1]
+        if test is None:
+            raise ValueError(
+                f"data.dataset ({type(self.dataset).__name__}) has no test set for global evaluation; pass "
+                "data.test_dataset=..., give the LightningDataModule a test_dataloader(), or set loop.eval_every=0."
+            )
+        return test
+
+    @property
+    def has_test_set(self) -> bool:
+        """Whether a global test set exists (names, folders: always; a ``Dataset``: when ``test_dataset`` is set)."""
+        return self._sources[1] is not None
 
     @cached_property
-    def test_set(self) -> ImageTensorDataset:
-        """The global test split, used to evaluate the global model."""
-        return self._load(train=False)
+    def train_labels(self) -> np.ndarray:
+        """Integer label of every training sample (what the partitioners split on)."""
+        return dataset_labels(self.train_set)
 
     @cached_property
     def client_indices(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per client, ``(train_indices, val_indices)`` into :attr:`train_set`."""
         parts = partition(
-            self.train_set.labels.numpy(),
+            self.train_labels,
             scheme=self.partition,
             num_clients=self.num_clients,
             seed=self.seed,
@@ -142,21 +208,50 @@ class FederatedDataModule:
 
     def setup(self) -> None:
         """Load the data and make the split now (otherwise it happens on first use)."""
-        _ = self.client_indices, self.test_set
+        _ = self.client_indices, self._sources
 
     @property
     def num_classes(self) -> int:
-        return self.train_set.num_classes
+        """Number of classes: the dataset's own count (``num_classes``, ``classes``) or the largest label + 1."""
+        train = self.train_set
+        if isinstance(train, ImageTensorDataset):
+            return train.num_classes
+        if hasattr(train, "classes"):
+            return len(train.classes)
+        return int(self.train_labels.max()) + 1
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return tuple(self.train_set.images.shape[1:])  # type: ignore[return-value]
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input sample, e.g. ``(C, H, W)`` for images."""
+        train = self.train_set
+        if isinstance(train, ImageTensorDataset):
+            return tuple(train.images.shape[1:])
+        return tuple(torch.as_tensor(train[0][0]).shape)
 
     @cached_property
     def input_stats(self) -> tuple[list[float], list[float]]:
-        """Per-channel mean and standard deviation of the training images (for model-side standardisation)."""
-        images, _ = self.train_set.tensors()
-        return images.mean(dim=(0, 2, 3)).tolist(), images.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+        """Per-channel mean and standard deviation of the training images (for model-side standardisation).
+
+        Raises:
+            ValueError: if the samples are not images ``(C, H, W)``.
+        """
+        if len(self.input_shape) != 3:
+            raise ValueError(
+                f"data.dataset samples have shape {self.input_shape}, not images (C, H, W); input_stats and "
+                "model_options describe image data: build your own model for these inputs."
+            )
+        if isinstance(self.train_set, ImageTensorDataset):
+            images, _ = self.train_set.tensors()
+            return images.mean(dim=(0, 2, 3)).tolist(), images.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+        count, total, squares = 0, 0.0, 0.0
+        for images, _ in DataLoader(self.train_set, batch_size=self.eval_batch_size):
+            images = images.double()
+            count += images.numel() // images.shape[1]
+            total = total + images.sum(dim=(0, 2, 3))
+            squares = squares + images.pow(2).sum(dim=(0, 2, 3))
+        mean = total / count
+        std = (squares / count - mean.pow(2)).clamp_min(0.0).mul(count / max(count - 1, 1)).sqrt()
+        return mean.float().tolist(), std.clamp_min(1e-6).float().tolist()
 
     @property
     def model_options(self) -> dict[str, Any]:
@@ -180,17 +275,22 @@ class FederatedDataModule:
         if not 0 <= client_id < self.num_clients:
             raise IndexError(f"client_id={client_id} is out of range for data.num_clients={self.num_clients}.")
 
-    def client_train_set(self, client_id: int) -> ImageTensorDataset:
+    def client_train_set(self, client_id: int) -> Dataset:
         self._check_client(client_id)
         return self._client_sets[client_id][0]
 
-    def client_val_set(self, client_id: int) -> ImageTensorDataset:
+    def client_val_set(self, client_id: int) -> Dataset:
         self._check_client(client_id)
         return self._client_sets[client_id][1]
 
+    def _subset(self, indices: np.ndarray) -> Dataset:
+        if isinstance(self.train_set, ImageTensorDataset):
+            return self.train_set.subset(indices)
+        return Subset(self.train_set, indices.tolist())
+
     @cached_property
-    def _client_sets(self) -> list[tuple[ImageTensorDataset, ImageTensorDataset]]:
-        return [(self.train_set.subset(tr), self.train_set.subset(va)) for tr, va in self.client_indices]
+    def _client_sets(self) -> list[tuple[Dataset, Dataset]]:
+        return [(self._subset(tr), self._subset(va)) for tr, va in self.client_indices]
 
     def num_train_samples(self, client_id: int) -> int:
         return len(self.client_train_set(client_id))
@@ -214,12 +314,49 @@ class FederatedDataModule:
 
     def ground_truth(self, client_id: int, max_items: int | None = None) -> GroundTruth:
         """The client's local training samples, for scoring attacks only."""
-        images, labels = self.client_train_set(client_id).tensors()
-        return GroundTruth(images[:max_items].clone(), labels[:max_items].clone())
+        images, labels = _stack(self.client_train_set(client_id), max_items)
+        return GroundTruth(images.clone(), labels.clone())
 
     def sample_batch(self, client_id: int, batch_size: int, *, seed: int = 0) -> tuple[Tensor, Tensor]:
         """A reproducible batch of distinct samples from one client (used by attack demos)."""
         ds = self.client_train_set(client_id)
         idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:batch_size]
-        images, labels = ds.subset(idx).tensors()
-        return images, labels
+        return _stack(Subset(ds, idx.tolist()), None)
+
+
+def _stack(dataset: Dataset, max_items: int | None) -> tuple[Tensor, Tensor]:
+    """The first ``max_items`` samples of ``dataset`` as one ``(inputs, labels)`` pair of tensors."""
+    if isinstance(dataset, ImageTensorDataset):
+        images, labels = dataset.tensors()
+        return images[:max_items], labels[:max_items]
+    count = len(dataset) if max_items is None else min(max_items, len(dataset))
+    samples = [dataset[i] for i in range(count)]
+    inputs = torch.stack([torch.as_tensor(x) for x, _ in samples])
+    return inputs, torch.as_tensor([int(y) for _, y in samples], dtype=torch.long)
+
+
+def _loader_dataset(datamodule: L.LightningDataModule, hook: str) -> Dataset | None:
+    """``datamodule.<hook>().dataset``, or ``None`` when the hook is not implemented."""
+    try:
+        loader = getattr(datamodule, hook)()
+    except (MisconfigurationException, NotImplementedError):
+        return None
+    if isinstance(loader, (list, tuple)):
+        loader = loader[0] if loader else None
+    return getattr(loader, "dataset", None)
+
+
+def _datamodule_sets(datamodule: L.LightningDataModule) -> tuple[Dataset, Dataset | None]:
+    """Train and test datasets of a user's ``LightningDataModule``, prepared as a Trainer would."""
+    name = type(datamodule).__name__
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    train = _loader_dataset(datamodule, "train_dataloader")
+    if train is None:
+        raise ValueError(
+            f"data.dataset={name} has no training set to split: its train_dataloader() must return a DataLoader "
+            "over a map-style Dataset after setup('fit')."
+        )
+    datamodule.setup("test")
+    test = _loader_dataset(datamodule, "test_dataloader") or _loader_dataset(datamodule, "val_dataloader")
+    return train, test

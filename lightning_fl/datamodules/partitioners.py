@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+import torch
+from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset
 
 __all__ = [
     "PARTITIONERS",
     "PartitionName",
+    "dataset_labels",
     "dirichlet_partition",
     "iid_partition",
     "label_bucket_partition",
@@ -22,6 +25,59 @@ __all__ = [
 ]
 
 PartitionName = Literal["iid", "dirichlet", "shards", "label_buckets"]
+
+
+def dataset_labels(dataset: Dataset) -> np.ndarray:
+    """Integer label of every sample of ``dataset``, read without loading the samples where possible.
+
+    Reads ``.labels`` (our :class:`~lightning_fl.datamodules.ImageTensorDataset`), ``.targets`` (torchvision),
+    the second tensor of a ``TensorDataset``, and looks through ``Subset`` and ``ConcatDataset``; any other
+    map-style dataset is indexed once, sample by sample, taking ``y`` of each ``(x, y)``.
+
+    Raises:
+        ValueError: for an ``IterableDataset`` (it cannot be split by index) or samples that are not ``(x, y)``
+            pairs with an integer ``y``.
+
+    Example:
+        >>> from torch.utils.data import TensorDataset
+        >>> dataset_labels(Subset(TensorDataset(torch.zeros(4, 2), torch.tensor([3, 1, 2, 0])), [1, 3]))
+        array([1, 0])
+    """
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"data.dataset is an IterableDataset ({type(dataset).__name__}); federated partitioning needs a "
+            "map-style Dataset (with __len__ and __getitem__)."
+        )
+    if isinstance(dataset, Subset):
+        return dataset_labels(dataset.dataset)[np.asarray(dataset.indices, dtype=np.int64)]
+    if isinstance(dataset, ConcatDataset):
+        return np.concatenate([dataset_labels(part) for part in dataset.datasets])
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        return _as_label_array(dataset.tensors[1], dataset)
+    for attribute in ("labels", "targets"):
+        stored = getattr(dataset, attribute, None)
+        if stored is not None and not callable(stored) and len(stored) == len(dataset):
+            return _as_label_array(stored, dataset)
+    labels = []
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        if not isinstance(sample, (tuple, list)) or len(sample) < 2:
+            raise ValueError(
+                f"data.dataset ({type(dataset).__name__}) sample {i} is a {type(sample).__name__}, not an (x, y) "
+                "pair; return (input, label) from __getitem__ or expose the labels as `.targets`."
+            )
+        labels.append(sample[1])
+    return _as_label_array(labels, dataset)
+
+
+def _as_label_array(labels: object, dataset: Dataset) -> np.ndarray:
+    array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray([int(y) for y in labels])
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(
+            f"data.dataset ({type(dataset).__name__}) labels have shape {array.shape} and dtype {array.dtype}; "
+            "partitioning needs one integer class label per sample."
+        )
+    return array.astype(np.int64)
 
 
 def _check(labels: np.ndarray, num_clients: int) -> None:

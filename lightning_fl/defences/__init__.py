@@ -2,11 +2,18 @@
 
 from lightning_fl.defences.active_selection import ActiveSelector
 from lightning_fl.defences.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
-from lightning_fl.defences.classifier import DefendedClassifier, ModelDefence
+from lightning_fl.defences.classifier import DefendedClassifier, ModelDefence, load_defended
 from lightning_fl.defences.dpfl_aggregation import DPFLAggregator
 from lightning_fl.defences.dual_dp import DownlinkNoise, DualDP
 from lightning_fl.defences.fedboosting import FedBoosting
-from lightning_fl.defences.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
+from lightning_fl.defences.keylock import (
+    KeyLock,
+    KeyLockNorm,
+    KeyLockNorm2d,
+    KeyLocks,
+    add_keylock,
+    lock_parameter_share,
+)
 from lightning_fl.defences.paillier import PackingSpec
 from lightning_fl.defences.passport import PassportConv2d, Passports, add_passports
 from lightning_fl.defences.per_example_dp import ClientDPSGD, FedCDP, PerExampleDP
@@ -30,6 +37,7 @@ __all__: list[str] = [
     "GaussianNoise",
     "GradientPruning",
     "KeyLock",
+    "KeyLockNorm",
     "KeyLockNorm2d",
     "KeyLocks",
     "ModelDefence",
@@ -48,6 +56,7 @@ __all__: list[str] = [
     "add_passports",
     "allocate_budget",
     "dpfl_noisy_update",
+    "load_defended",
     "lock_parameter_share",
     "pogz_laplace_noise",
     "pogz_scores",

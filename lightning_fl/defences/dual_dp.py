@@ -70,7 +70,7 @@ class DualDP(ClientDPSGD):
             noise_multiplier=noise_multiplier or 1.0,
             max_grad_norm=max_grad_norm,
             clipping="flat",
-            noise_scaling="authors",
+            noise_scaling="per_batch",
             delta=delta,
             accountant=accountant,
         )

@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -28,7 +29,15 @@ from torch import Tensor, nn
 
 from lightning_fl.defences.classifier import ModelDefence
 
-__all__ = ["KeyLock", "KeyLockNorm2d", "KeyLocks", "LockActivation", "add_keylock", "lock_parameter_share"]
+__all__ = [
+    "KeyLock",
+    "KeyLockNorm",
+    "KeyLockNorm2d",
+    "KeyLocks",
+    "LockActivation",
+    "add_keylock",
+    "lock_parameter_share",
+]
 
 LockActivation = Literal["none", "relu", "sigmoid"]
 """Activation on :math:`\\gamma, \\beta`: ``none`` is the thesis formula (the default); the reference code applies
@@ -36,6 +45,17 @@ LockActivation = Literal["none", "relu", "sigmoid"]
 Measured on digits (LeNet, 20 rounds, spec G19): ``relu`` leaves dead channels (86% vs 89% for ``none``)."""
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"none": nn.Identity, "relu": nn.ReLU, "sigmoid": nn.Sigmoid}
+
+KeyLockNorm = Literal["batch", "group"]
+"""The normalisation under the lock: ``batch`` is ``BatchNorm2d(affine=False)`` (thesis reference code); ``group`` is
+``GroupNorm(affine=False)`` with ``gcd(32, C)`` groups, which normalises each example on its own, as per-example
+DP-SGD (:class:`~lightning_fl.defences.PerExampleDP`) needs."""
+
+
+def _normalisation(norm: str, num_features: int, eps: float, momentum: float) -> nn.Module:
+    if norm == "group":
+        return nn.GroupNorm(math.gcd(32, num_features), num_features, eps=eps, affine=False)
+    return nn.BatchNorm2d(num_features, eps=eps, momentum=momentum, affine=False)
 
 
 class KeyLock(nn.Module):
@@ -119,8 +139,12 @@ class KeyLockNorm2d(nn.Module):
         lock_act: activation on :math:`\gamma, \beta` (see :data:`LockActivation`).
         lock_init_range: initialise the locks from U(-r, r) (see :class:`KeyLock`); ``None``: PyTorch's default.
             Default 0.5, the reference code's init: with PyTorch's U(+-1/32) a wrong key barely moves gamma, beta.
-        eps: ``BatchNorm2d`` eps.
-        momentum: ``BatchNorm2d`` momentum of the running statistics.
+        norm: ``batch`` or ``group`` (per example, for DP-SGD); see :data:`KeyLockNorm`.
+        eps: normalisation eps.
+        momentum: ``BatchNorm2d`` momentum of the running statistics (``norm="batch"``).
+
+    Raises:
+        ValueError: on an unknown ``norm``.
 
     Example:
         >>> layer = KeyLockNorm2d(12, key_length=16)
@@ -130,6 +154,11 @@ class KeyLockNorm2d(nn.Module):
         ['lock.key', 'lock.scale_fc.bias', 'lock.scale_fc.weight', 'lock.shift_fc.bias', 'lock.shift_fc.weight']
     """
 
+    per_example_unit = True
+    """Per-example gradients (DP-SGD, :class:`~lightning_fl.defences.PerExampleDP`) treat the layer as one function
+    of the example: its scale and shift come from the batch-free key, which Opacus' per-layer hooks cannot split.
+    The normalisation must then be per example: ``opacus.validators.ModuleValidator.fix`` makes it a GroupNorm."""
+
     def __init__(
         self,
         num_features: int,
@@ -137,11 +166,14 @@ class KeyLockNorm2d(nn.Module):
         key_length: int = 1024,
         lock_act: LockActivation = "none",
         lock_init_range: float | None = 0.5,
+        norm: KeyLockNorm = "batch",
         eps: float = 1e-5,
         momentum: float = 0.1,
     ) -> None:
         super().__init__()
-        self.norm = nn.BatchNorm2d(num_features, eps=eps, momentum=momentum, affine=False)
+        if norm not in ("batch", "group"):
+            raise ValueError(f"KeyLockNorm2d(norm={norm!r}) is unknown; use 'batch' or 'group' (per example, for DP).")
+        self.norm = _normalisation(norm, num_features, eps, momentum)
         self.lock = KeyLock(num_features, key_length=key_length, lock_act=lock_act, init_range=lock_init_range)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -163,6 +195,7 @@ def add_keylock(
     key_length: int = 1024,
     lock_act: LockActivation = "none",
     lock_init_range: float | None = 0.5,
+    norm: KeyLockNorm = "batch",
 ) -> nn.Module:
     """Retrofit FedKL: key-lock the conv-norm block of ``conv`` (the first convolution by default).
 
@@ -179,6 +212,8 @@ def add_keylock(
         lock_act: activation on :math:`\\gamma, \\beta` (see :data:`LockActivation`).
         lock_init_range: initialise the locks from U(-r, r) (see :class:`KeyLock`); ``None``: PyTorch's default.
             Default 0.5, the reference code's init: with PyTorch's U(+-1/32) a wrong key barely moves gamma, beta.
+        norm: normalisation under the lock, ``batch`` (thesis) or ``group`` (per example: needed by DP-SGD);
+            see :data:`KeyLockNorm`.
 
     Raises:
         ValueError: if ``conv`` is not the name of an ``nn.Conv2d`` of ``model``.
@@ -198,7 +233,7 @@ def add_keylock(
     siblings = list(parent.named_children())
     position = [n for n, _ in siblings].index(child)
     follower = siblings[position + 1] if position + 1 < len(siblings) else None
-    options: dict = {"key_length": key_length, "lock_act": lock_act, "lock_init_range": lock_init_range}
+    options: dict = {"key_length": key_length, "lock_act": lock_act, "lock_init_range": lock_init_range, "norm": norm}
     if follower is not None and isinstance(follower[1], nn.BatchNorm2d):
         bn = follower[1]
         options["eps"], options["momentum"] = bn.eps, bn.momentum or 0.1
@@ -244,6 +279,7 @@ class KeyLocks(ModelDefence):
             networks) or ``sigmoid`` (reference attack networks).
         lock_init_range: initialise the locks from U(-r, r); ``None`` keeps PyTorch's default (see
             :class:`KeyLock`: 0.5 is the reference attack networks' init and what defeats DLG/IG here).
+        norm: normalisation under the lock, ``batch`` (thesis) or ``group`` (per example, for DP-SGD).
     """
 
     def __init__(
@@ -253,8 +289,10 @@ class KeyLocks(ModelDefence):
         key_length: int = 1024,
         lock_act: LockActivation = "none",
         lock_init_range: float | None = 0.5,
+        norm: KeyLockNorm = "batch",
     ) -> None:
         self.conv, self.key_length, self.lock_act, self.lock_init_range = conv, key_length, lock_act, lock_init_range
+        self.norm = norm
 
     def __call__(self, model: nn.Module) -> nn.Module:
         return add_keylock(
@@ -263,7 +301,11 @@ class KeyLocks(ModelDefence):
             key_length=self.key_length,
             lock_act=self.lock_act,
             lock_init_range=self.lock_init_range,
+            norm=self.norm,
         )
 
     def __repr__(self) -> str:
-        return f"KeyLocks(conv={self.conv!r}, key_length={self.key_length}, lock_act={self.lock_act!r})"
+        return (
+            f"KeyLocks(conv={self.conv!r}, key_length={self.key_length}, lock_act={self.lock_act!r}, "
+            f"norm={self.norm!r})"
+        )

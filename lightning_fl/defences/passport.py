@@ -95,6 +95,10 @@ class PassportConv2d(nn.Module):
     """
 
     fl_private = True
+    per_example_unit = True
+    """Per-example gradients (DP-SGD, :class:`~lightning_fl.defences.PerExampleDP`) treat the layer as one function
+    of the example: its scale and shift come from the batch-free passports, which Opacus' per-layer hooks cannot
+    split."""
 
     def __init__(
         self,

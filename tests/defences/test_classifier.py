@@ -9,14 +9,16 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.cli import main
-from lightning_fl.defences import GaussianNoise, GradientPruning, PrivateFineTuning
+from lightning_fl.defences import GaussianNoise, GradientPruning, KeyLocks, Passports, PrivateFineTuning, load_defended
 from lightning_fl.loop import FederatedLoop
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from lightning_fl.private import private_state
 from tests.defences.leakage import defended_model, digits
+from tests.user_project import DigitsNet, digits_tensors
 
 MODEL_DEFENCES = ["split", "passports", "keylock"]
 
@@ -198,3 +200,42 @@ def test_defence_configs_parse_with_their_defences(name: str, tmp_path: Path, ca
     assert exit_info.value.code == 0
     defences = printed["model"]["init_args"]["defences"]
     assert [d["class_path"].rsplit(".", 1)[-1] for d in defences] in (["Passports"], ["KeyLocks"])
+
+
+# -- a defended user model restored from its Lightning checkpoint -----------------------------------------------------
+def _trained_defended_user_model(tmp_path: Path, defences: list) -> tuple[L.LightningModule, Path]:
+    torch.manual_seed(0)
+    model = DigitsNet(lr=0.1, channels=6)
+    for defence in defences:
+        model = defence(model)
+    x, y = digits_tensors()
+    trainer = L.Trainer(
+        max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    trainer.fit(model, DataLoader(TensorDataset(x[:320], y[:320]), batch_size=32))
+    trainer.save_checkpoint(tmp_path / "defended.ckpt")
+    return model.eval(), tmp_path / "defended.ckpt"
+
+
+@pytest.mark.parametrize("kind", ["passports", "keylock", "both"])
+def test_load_defended_restores_a_retrofitted_user_model_into_its_own_class(kind: str, tmp_path: Path) -> None:
+    defences = {
+        "passports": [Passports(num_convs=1, passport_size=8)],
+        "keylock": [KeyLocks(key_length=32)],
+        "both": [Passports(num_convs=1, passport_size=8), KeyLocks(key_length=32)],
+    }[kind]
+    trained, path = _trained_defended_user_model(tmp_path, defences)
+    with pytest.raises(RuntimeError, match=r"Missing key|Unexpected key"):
+        DigitsNet.load_from_checkpoint(path)  # why the helper exists: the plain class no longer fits
+    restored = load_defended(DigitsNet, path, defences=defences)
+    assert type(restored) is DigitsNet and restored.hparams.channels == 6
+    x = digits_tensors()[0][:16]
+    assert torch.equal(restored.eval()(x), trained(x))
+    assert private_state(restored).keys() == private_state(trained).keys()
+    assert all(torch.equal(private_state(restored)[k], v) for k, v in private_state(trained).items())
+
+
+def test_load_defended_with_the_wrong_defences_says_which_keys_differ(tmp_path: Path) -> None:
+    _, path = _trained_defended_user_model(tmp_path, [Passports(num_convs=1, passport_size=8)])
+    with pytest.raises(ValueError, match=r"does not match the checkpoint \(missing .*passport.*pass the retrofits"):
+        load_defended(DigitsNet, path, defences=[KeyLocks(key_length=32)])

@@ -59,9 +59,10 @@ def _recording_dp(**kwargs) -> tuple[PerExampleDP, list[dict[str, Tensor]]]:
 @pytest.mark.parametrize(
     ("clipping", "scaling", "expected_std"),
     [
-        ("per_layer", "paper", 2.0 * 0.5 / 8**0.5),
-        ("per_layer", "authors", 2.0 * 0.5 / 8),
-        ("flat", "paper", 0.5 / 8**0.5),
+        ("per_layer", "per_example", 2.0 * 0.5 / 8**0.5),
+        ("per_layer", "per_batch", 2.0 * 0.5 / 8),
+        ("flat", "per_example", 0.5 / 8**0.5),
+        ("flat", "per_batch", 0.5 / 8),
     ],
 )
 def test_released_noise_has_the_named_scale(clipping: str, scaling: str, expected_std: float) -> None:
@@ -83,7 +84,7 @@ def test_without_noise_and_clipping_dp_sgd_equals_plain_sgd() -> None:
 
 
 def test_per_layer_clipping_bounds_every_example_and_layer() -> None:
-    dp, released = _recording_dp(noise_multiplier=0.0, max_grad_norm=0.05)
+    dp, released = _recording_dp(noise_multiplier=0.0, max_grad_norm=0.05, clipping="per_layer")
     _fit(Linear(lr=0.0), [dp], n=8, batch=1, steps=8)  # batch 1: the release is one example's gradient
     assert all(g.norm() <= 0.05 * (1 + 1e-4) for r in released for g in r.values())
     assert any(g.norm() >= 0.049 for r in released for g in r.values())
@@ -108,7 +109,8 @@ def test_the_module_is_left_as_found_and_reusable_without_dp() -> None:
     [
         ({"max_grad_norm": 0.0}, "clip bound"),
         ({"clipping": "per_example"}, "clipping"),
-        ({"noise_scaling": "x"}, "paper"),
+        ({"noise_scaling": "paper"}, "'per_batch' .*or 'per_example'"),
+        ({"delta": 1.0}, r"delta=1.0\) must be in \(0, 1\)"),
     ],
 )
 def test_per_example_dp_rejects_bad_options(kwargs: dict, match: str) -> None:
@@ -150,7 +152,7 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
 
 
 def test_paper_accounting_counts_every_round_at_the_federation_rate(tmp_path: Path) -> None:
-    cdp = FedCDP(noise_multiplier=6.0, accounting="paper", steps_offset=1, conversion="classic")
+    cdp = FedCDP(noise_multiplier=6.0, accounting="federation", steps_offset=1, conversion="classic")
     loop = _loop(tmp_path, [cdp], num_rounds=2, checkpoint=False)
     summary = loop.fit()
     total = sum(loop.datamodule.num_train_samples(k) for k in range(4))
@@ -221,7 +223,7 @@ def _fed_cdp_accuracy(tmp_path: Path, clip: float | Schedule) -> float:
         clients_per_round=4,
         local_epochs=1,
         eval_every=10,
-        callbacks=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="authors")],
+        callbacks=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="per_batch")],
         aggregator=FedAvg(weighted=False),
         output_dir=tmp_path,
         checkpoint=False,
@@ -240,8 +242,40 @@ def test_decaying_the_clip_bound_beats_a_constant_one_at_equal_epsilon(tmp_path:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"accounting": "global"}, "'client' or 'paper'"), ({"delta": 0.0}, "delta"), ({"steps_offset": -1}, ">= 0")],
+    [({"accounting": "global"}, "'client' or 'federation'"), ({"delta": 0.0}, "delta"), ({"steps_offset": -1}, ">= 0")],
 )
 def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FedCDP(**kwargs)
+
+
+def test_fed_cdp_trains_a_passport_model_in_the_loop_and_keeps_passports_private(tmp_path: Path) -> None:
+    from lightning_fl.defences import DefendedClassifier, Passports
+
+    dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=16, seed=0)
+    torch.manual_seed(0)
+    model = DefendedClassifier("lenet_dlg", defences=[Passports(num_convs=1, passport_size=16)], **dm.model_options)
+    recorder = _Updates()
+    loop = FederatedLoop(
+        model,
+        dm,
+        num_rounds=1,
+        clients_per_round=2,
+        local_steps=3,
+        eval_every=0,
+        callbacks=[FedCDP(noise_multiplier=1.0, noise_scaling="per_batch"), recorder],
+        output_dir=tmp_path,
+        checkpoint=False,
+        progress_bar=False,
+    )
+    summary = loop.fit()
+    assert summary["history"][0]["epsilon"] > 0 and len(recorder.updates) == 2
+    assert all(not any("passport" in k or ".encoder." in k for k in u.delta) for u in recorder.updates)
+
+
+class _Updates(FederatedCallback):
+    def __init__(self) -> None:
+        self.updates: list = []
+
+    def on_client_fit_end(self, loop, update) -> None:
+        self.updates.append(update)
