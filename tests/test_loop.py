@@ -104,7 +104,7 @@ def test_private_tensors_never_leave_the_client(tiny_digits, tmp_path) -> None:
     private_keys = set(server_guess)
     assert private_keys == {"backbone.body.0.weight", "backbone.body.0.bias"}
     assert all(private_keys.isdisjoint(u.delta) for u in recorder.updates)
-    server_ckpt = torch.load(loop.server_checkpoint_path, weights_only=True)
+    server_ckpt = torch.load(loop.checkpoint.server_path, weights_only=True)
     assert private_keys.isdisjoint(server_ckpt["global_state"])
     assert "backbone.body.0" not in json.dumps(json.loads((tmp_path / "summary.json").read_text()))
     for view, _ in recorder.views + recorder.gradient_views:
@@ -134,7 +134,7 @@ def test_leak_points_hand_ground_truth_apart_from_the_view(tiny_digits, tmp_path
 class _Saboteur(ClientTransform):
     """Client 1 sends NaNs, client 2 a wrong shape, client 3 crashes."""
 
-    def __call__(self, update: ClientUpdate, *, loop) -> ClientUpdate:
+    def __call__(self, update: ClientUpdate, *, ctx) -> ClientUpdate:
         if update.client_id == 3:
             raise RuntimeError("disk full")
         delta = dict(update.delta)
@@ -208,7 +208,7 @@ class _ShiftBias(BroadcastTransform):
     def __init__(self, persistent: bool) -> None:
         self.persistent = persistent
 
-    def __call__(self, state, *, client_id, loop):
+    def __call__(self, state, *, ctx):
         return {k: v + 1.0 if k == "backbone.fc.bias" else v for k, v in state.items()}
 
 

@@ -11,18 +11,18 @@ def _update(client_id: int, value: float, n: int) -> ClientUpdate:
 
 
 def test_fedavg_weights_clients_by_sample_count() -> None:
-    delta = FedAvg().aggregate([_update(0, 1.0, 1), _update(1, 5.0, 3)], global_state={})
+    delta = FedAvg().aggregate([_update(0, 1.0, 1), _update(1, 5.0, 3)], ctx=None)[0]
     assert torch.allclose(delta["w"], torch.full((2,), 4.0))
 
 
 def test_fedavg_unweighted_is_the_plain_mean() -> None:
-    delta = FedAvg(weighted=False).aggregate([_update(0, 1.0, 1), _update(1, 5.0, 3)], global_state={})
+    delta = FedAvg(weighted=False).aggregate([_update(0, 1.0, 1), _update(1, 5.0, 3)], ctx=None)[0]
     assert torch.allclose(delta["w"], torch.full((2,), 3.0))
 
 
 def test_fedavg_of_identical_clients_is_each_client() -> None:
     updates = [_update(k, 2.5, n) for k, n in enumerate((3, 7, 11))]
-    assert torch.equal(FedAvg().aggregate(updates, global_state={})["w"], torch.full((2,), 2.5))
+    assert torch.equal(FedAvg().aggregate(updates, ctx=None)[0]["w"], torch.full((2,), 2.5))
 
 
 def test_weighted_average_rejects_zero_total_weight() -> None:

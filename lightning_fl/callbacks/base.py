@@ -23,13 +23,22 @@ from typing import TYPE_CHECKING, Any
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.loop import FederatedLoop
 
 __all__ = ["FederatedCallback"]
 
 
 class FederatedCallback:
-    """Base class of loop-level callbacks; override the hooks you need."""
+    """Base class of loop-level callbacks; override the hooks you need.
+
+    Hooks receive the loop first, as Lightning callbacks receive the Trainer: read it (``round_idx``, ``spec``,
+    ``output_dir``, ``loggers``), report through ``log_metrics``/``record_attack``/``request_stop``, and change
+    nothing else.
+    """
+
+    def listens_to(self, hook: str) -> bool:
+        """Whether the loop should call ``hook`` on this callback; narrow it so unused leak points cost nothing."""
+        return True
 
     def on_fit_start(self, loop: FederatedLoop) -> None:
         """Before the first round (also after a resume)."""

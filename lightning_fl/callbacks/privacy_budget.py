@@ -11,7 +11,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.privacy.accounting import PrivacyLedger
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.loop import FederatedLoop
 
 __all__ = ["PrivacyBudget"]
 
@@ -59,9 +59,9 @@ class PrivacyBudget(FederatedCallback):
         if not ledgers:
             raise ValueError(
                 "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
-                "DualDP) to loop.callbacks or the transforms."
+                "DualDPFL) to loop.defences or the transforms."
             )
-        first = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        first = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
         if loop.round_idx < loop.num_rounds and first > self.target_epsilon:
             raise ValueError(
                 f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "
@@ -81,7 +81,7 @@ class PrivacyBudget(FederatedCallback):
             return False, ""
         ledgers = self.ledgers(loop)
         spent = sum(ledger.epsilon_spent() for ledger in ledgers)
-        projected = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        projected = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
         if projected <= self.target_epsilon:
             return False, ""
         return True, (

@@ -1,11 +1,9 @@
-"""Defences: model-level layers (passports, key-lock), update transforms (noise, pruning, DP, Paillier)."""
+"""Defences: bundles (:class:`Defence`) of model layers (passports, key-lock, private split), client training
+callbacks (per-example DP) and update transforms (noise, pruning, client-level DP, PoGZ, Paillier)."""
 
-from lightning_fl.defences.active_selection import ActiveSelector
+from lightning_fl.defences.base import Defence, DefenceParts, apply_defences
 from lightning_fl.defences.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
-from lightning_fl.defences.classifier import DefendedClassifier, ModelDefence
-from lightning_fl.defences.dpfl_aggregation import DPFLAggregator
-from lightning_fl.defences.dual_dp import DownlinkNoise, DualDP
-from lightning_fl.defences.fedboosting import FedBoosting
+from lightning_fl.defences.dual_dp import DownlinkNoise, DualDP, DualDPFL
 from lightning_fl.defences.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
 from lightning_fl.defences.paillier import PackingSpec
 from lightning_fl.defences.passport import PassportConv2d, Passports, add_passports
@@ -17,13 +15,12 @@ from lightning_fl.defences.server_finetune import PublicFineTune
 from lightning_fl.defences.split import PrivateFineTuning, PrivateSplit, split_private
 
 __all__: list[str] = [
-    "ActiveSelector",
     "ClientDPSGD",
-    "DPFLAggregator",
-    "DefendedClassifier",
+    "Defence",
+    "DefenceParts",
     "DownlinkNoise",
     "DualDP",
-    "FedBoosting",
+    "DualDPFL",
     "FedCDP",
     "FedSDP",
     "FedSDPServerNoise",
@@ -32,7 +29,6 @@ __all__: list[str] = [
     "KeyLock",
     "KeyLockNorm2d",
     "KeyLocks",
-    "ModelDefence",
     "PackingSpec",
     "PaillierEncryption",
     "PassportConv2d",
@@ -47,6 +43,7 @@ __all__: list[str] = [
     "add_keylock",
     "add_passports",
     "allocate_budget",
+    "apply_defences",
     "dpfl_noisy_update",
     "lock_parameter_share",
     "pogz_laplace_noise",

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import ClientContext
 
 __all__ = ["GaussianNoise", "GradientPruning", "NoiseUnit", "PruneScope", "add_gaussian_noise", "prune_smallest"]
 
@@ -96,7 +98,7 @@ def _prune_flat(values: Tensor, ratio: float) -> Tensor:
     return pruned
 
 
-class GaussianNoise(ClientTransform):
+class GaussianNoise(ClientTransform, Defence):
     r"""FL-DP(:math:`\sigma`) of FDL-PP: Gaussian noise of fixed standard deviation on the shared update.
 
     No clipping and no accounting, as in the paper (spec A2.4: ":math:`g_{shared} = g + \mathcal N(0,\sigma^2 I)`").
@@ -134,9 +136,13 @@ class GaussianNoise(ClientTransform):
             )
         return self.noise_std * float(lr) * math.sqrt(steps)
 
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+    @override
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_transforms=[self])
+
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
         std = self.update_noise_std(update)
-        generator = torch.Generator().manual_seed(loop.round_seed("gaussian_noise", update.client_id))
+        generator = ctx.rng("gaussian_noise", update.client_id)
         delta = add_gaussian_noise(update.delta, noise_std=std, generator=generator)
         return dataclasses.replace(update, delta=delta, metadata={**update.metadata, "noise_std": self.noise_std})
 
@@ -144,7 +150,7 @@ class GaussianNoise(ClientTransform):
         return f"GaussianNoise(noise_std={self.noise_std}, unit={self.unit!r})"
 
 
-class GradientPruning(ClientTransform):
+class GradientPruning(ClientTransform, Defence):
     """DLG's defence (Zhu et al., 2019, Sec. 6): prune the smallest-magnitude share of the shared update.
 
     The DLG paper reports that reconstructions stop being recognisable once more than about 20% of the
@@ -166,7 +172,11 @@ class GradientPruning(ClientTransform):
             raise ValueError(f"GradientPruning(scope={scope!r}) is unknown; use 'tensor' or 'update'.")
         self.ratio, self.scope = ratio, scope
 
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+    @override
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_transforms=[self])
+
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext | None) -> ClientUpdate:
         delta = prune_smallest(update.delta, ratio=self.ratio, scope=self.scope)
         return dataclasses.replace(update, delta=delta, metadata={**update.metadata, "prune_ratio": self.ratio})
 

@@ -12,19 +12,20 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.defences.per_example_dp import ClientDPSGD
 from lightning_fl.privacy.accounting import AccountantName, calibrate_noise_multiplier
 from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import BroadcastTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+    from lightning_fl.federation.loop import FederatedLoop
 
-__all__ = ["DownlinkNoise", "DualDP", "ServerNoiseMode"]
+__all__ = ["DownlinkNoise", "DualDP", "DualDPFL", "ServerNoiseMode"]
 
 ServerNoiseMode = Literal["per_client", "shared", "none"]
 
@@ -77,13 +78,10 @@ class DualDP(ClientDPSGD):
         self.target_epsilon = target_epsilon
         self._calibrated = False
 
-    def calibrate(self, loop: FederatedLoop) -> float:
-        """Set and return sigma for ``target_epsilon`` over ``loop.num_rounds`` rounds (once; idempotent)."""
+    def calibrate(self, spec: FederationSpec) -> float:
+        """Set and return sigma for ``target_epsilon`` over ``spec.num_rounds`` rounds (once; idempotent)."""
         if self.target_epsilon is not None and not self._calibrated:
-            pairs = {
-                (self._client_sample_rate(loop, k), self._steps_per_round(loop, k) * loop.num_rounds)
-                for k in range(loop.num_clients)
-            }
+            pairs = {(spec.sample_rate(k), spec.steps_per_round(k) * spec.num_rounds) for k in range(spec.num_clients)}
             self.dp.noise_multiplier = max(
                 calibrate_noise_multiplier(
                     target_epsilon=self.target_epsilon,
@@ -99,13 +97,13 @@ class DualDP(ClientDPSGD):
 
     @override
     def on_fit_start(self, loop: FederatedLoop) -> None:
-        self.calibrate(loop)
+        self.calibrate(loop.spec)
         super().on_fit_start(loop)
 
     @override
-    def epsilon_projected(self, loop: FederatedLoop) -> float:
-        self.calibrate(loop)
-        return super().epsilon_projected(loop)
+    def epsilon_projected(self, spec: FederationSpec) -> float:
+        self.calibrate(spec)
+        return super().epsilon_projected(spec)
 
 
 class DownlinkNoise(BroadcastTransform):
@@ -115,14 +113,14 @@ class DownlinkNoise(BroadcastTransform):
     modes: ``per_client`` (independent noise per client, 2DP-FL), ``shared`` (one draw for all clients in a
     round, "the common method") and ``none``. Noise is added to the model's parameters, not its buffers.
     Inferred (spec B.10-2, B.10-3): S is a server-side sensitivity constant and sigma defaults to the
-    clients' DP-SGD multiplier (the :class:`DualDP` in ``loop.callbacks``). With ``accumulate=True`` (the
-    paper) the server averages the noisy local models, so the downlink noise stays in the global model
-    (see :attr:`~lightning_fl.transforms.BroadcastTransform.persistent`); ``accumulate=False`` measures each
-    update against the model its client received and forgets the noise.
+    clients' DP-SGD multiplier: :class:`DualDPFL` (the bundle) hands its :class:`DualDP` over. With
+    ``accumulate=True`` (the paper) the server averages the noisy local models, so the downlink noise stays in
+    the global model (see :attr:`~lightning_fl.transforms.BroadcastTransform.persistent`); ``accumulate=False``
+    measures each update against the model its client received and forgets the noise.
 
     Args:
         sensitivity: S.
-        noise_multiplier: :math:`\sigma`; ``None`` takes it from the loop's :class:`ClientDPSGD` callback.
+        noise_multiplier: :math:`\sigma` (a number), or the :class:`DualDP` whose calibrated sigma is used.
         mode: ``per_client``, ``shared`` or ``none``.
         accumulate: keep the downlink noise in the aggregate (the paper's model averaging).
 
@@ -134,7 +132,7 @@ class DownlinkNoise(BroadcastTransform):
         self,
         *,
         sensitivity: float = 0.1,
-        noise_multiplier: float | None = None,
+        noise_multiplier: float | DualDP | None = None,
         mode: ServerNoiseMode = "per_client",
         accumulate: bool = True,
     ) -> None:
@@ -144,26 +142,76 @@ class DownlinkNoise(BroadcastTransform):
             raise ValueError(f"DownlinkNoise(mode={mode!r}) is unknown; use 'per_client', 'shared' or 'none'.")
         self.sensitivity, self.noise_multiplier, self.mode = sensitivity, noise_multiplier, mode
         self.persistent = accumulate
+        self._params: set[str] = set()
 
-    def _sigma(self, loop: FederatedLoop) -> float:
-        if self.noise_multiplier is not None:
-            return self.noise_multiplier
-        for cb in loop.callbacks:
-            if isinstance(cb, DualDP):
-                return cb.calibrate(loop)
-            if isinstance(cb, ClientDPSGD):
-                return cb.noise_multiplier
-        raise ValueError("DownlinkNoise(noise_multiplier=None) needs a DualDP (ClientDPSGD) in loop.callbacks.")
+    def setup(self, ctx: SetupContext) -> None:
+        self._params = {name for name, _ in ctx.global_model.named_parameters()}
+        if self.noise_multiplier is None:
+            raise ValueError(
+                "DownlinkNoise(noise_multiplier=None) has no sigma; give a number, or use the DualDPFL defence, "
+                "which shares its clients' sigma with the downlink noise."
+            )
+
+    def _sigma(self, spec: FederationSpec) -> float:
+        if isinstance(self.noise_multiplier, DualDP):
+            return self.noise_multiplier.calibrate(spec)
+        return float(self.noise_multiplier)
 
     @override
-    def __call__(self, state: dict[str, Tensor], *, client_id: int, loop: FederatedLoop) -> dict[str, Tensor]:
+    def __call__(self, state: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
         if self.mode == "none":
             return state
-        std = self._sigma(loop) * self.sensitivity / math.sqrt(loop.clients_per_round)
-        parts = ("downlink", client_id) if self.mode == "per_client" else ("downlink",)
-        generator = torch.Generator().manual_seed(loop.round_seed(*parts))
-        params = {name for name, _ in loop.global_model.named_parameters()}
+        std = self._sigma(ctx.spec) * self.sensitivity / math.sqrt(ctx.spec.clients_per_round)
+        parts = ("downlink", ctx.client_id) if self.mode == "per_client" else ("downlink",)
+        generator = ctx.rng(*parts)
         return {
-            k: v + gaussian_noise(v, std=std, generator=generator) if k in params and v.is_floating_point() else v
+            k: v + gaussian_noise(v, std=std, generator=generator) if k in self._params and v.is_floating_point() else v
             for k, v in state.items()
         }
+
+
+class DualDPFL(Defence):
+    r"""2DP-FL (Xiong et al., IEEE TII 2021, Alg. 1) as one bundle: client DP-SGD and downlink noise, one sigma.
+
+    Its parts are :class:`DualDP` (per-example DP-SGD in every client, sigma calibrated to ``target_epsilon``)
+    and :class:`DownlinkNoise` on the model each client downloads, which reuses that sigma.
+
+    Args:
+        target_epsilon: the budget epsilon (paper: 20); ``None`` uses ``noise_multiplier`` as given.
+        noise_multiplier: :math:`\sigma_k` when ``target_epsilon`` is ``None``.
+        max_grad_norm: per-example clip bound G.
+        delta: target delta (paper Fig. 6: 1e-3).
+        accountant: ``rdp`` or ``prv``.
+        sensitivity: the server-side sensitivity S of the downlink noise.
+        mode: ``per_client``, ``shared`` or ``none`` (see :class:`DownlinkNoise`).
+        accumulate: keep the downlink noise in the aggregate (the paper's model averaging).
+    """
+
+    def __init__(
+        self,
+        *,
+        target_epsilon: float | None = 20.0,
+        noise_multiplier: float | None = None,
+        max_grad_norm: float = 1.0,
+        delta: float = 1e-3,
+        accountant: AccountantName = "rdp",
+        sensitivity: float = 0.1,
+        mode: ServerNoiseMode = "per_client",
+        accumulate: bool = True,
+    ) -> None:
+        self.client = DualDP(
+            target_epsilon=target_epsilon,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            delta=delta,
+            accountant=accountant,
+        )
+        self.downlink = DownlinkNoise(
+            sensitivity=sensitivity, noise_multiplier=self.client, mode=mode, accumulate=accumulate
+        )
+
+    @override
+    def parts(self) -> DefenceParts:
+        parts = self.client.parts()
+        parts.broadcast_transforms.append(self.downlink)
+        return parts

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_fl.defences.classifier import ModelDefence
+from lightning_fl.defences.base import Defence
 
 __all__ = ["KeyLock", "KeyLockNorm2d", "KeyLocks", "LockActivation", "add_keylock", "lock_parameter_share"]
 
@@ -232,10 +232,10 @@ def lock_parameter_share(model: nn.Module) -> float:
     return locked / (sum(t.numel() for t in model.state_dict().values()) - keys)
 
 
-class KeyLocks(ModelDefence):
-    """FedKL as a model defence: ``KeyLocks()(model)`` calls :func:`add_keylock`.
+class KeyLocks(Defence):
+    """FedKL as a model defence: ``KeyLocks().apply_to_model(model)`` calls :func:`add_keylock`.
 
-    Use it in :class:`~lightning_fl.defences.DefendedClassifier` (and YAML configs) to retrofit a backbone.
+    Put it in ``loop.defences`` (or the top-level ``defences:`` of a YAML config) to retrofit any model.
 
     Args:
         conv: dotted name of the convolution whose conv-norm block is locked; ``None`` for the first one.
@@ -256,7 +256,7 @@ class KeyLocks(ModelDefence):
     ) -> None:
         self.conv, self.key_length, self.lock_act, self.lock_init_range = conv, key_length, lock_act, lock_init_range
 
-    def __call__(self, model: nn.Module) -> nn.Module:
+    def apply_to_model(self, model: nn.Module) -> nn.Module:
         return add_keylock(
             model,
             conv=self.conv,

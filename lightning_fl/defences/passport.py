@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_fl.defences.classifier import ModelDefence
+from lightning_fl.defences.base import Defence
 
 __all__ = ["PassportConv2d", "PassportDistribution", "PassportReduction", "Passports", "add_passports"]
 
@@ -248,10 +248,10 @@ def add_passports(
     return model
 
 
-class Passports(ModelDefence):
-    """FDL-PP as a model defence: ``Passports(num_convs=1)(model)`` calls :func:`add_passports`.
+class Passports(Defence):
+    """FDL-PP as a model defence: ``Passports(num_convs=1).apply_to_model(model)`` calls :func:`add_passports`.
 
-    Use it in :class:`~lightning_fl.defences.DefendedClassifier` (and YAML configs) to retrofit a backbone.
+    Put it in ``loop.defences`` (or the top-level ``defences:`` of a YAML config) to retrofit any model.
 
     Args:
         num_convs: how many leading convolutions become private passport layers (1 for AlexNet, 3 for LeNet in
@@ -274,7 +274,7 @@ class Passports(ModelDefence):
         self.num_convs, self.hidden_features = num_convs, hidden_features
         self.passport_size, self.passport_dist, self.reduction = passport_size, passport_dist, reduction
 
-    def __call__(self, model: nn.Module) -> nn.Module:
+    def apply_to_model(self, model: nn.Module) -> nn.Module:
         return add_passports(
             model,
             num_convs=self.num_convs,

@@ -31,12 +31,14 @@ from opacus.optimizers import DPOptimizer, DPPerLayerOptimizer
 from typing_extensions import override
 
 from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant, PrivacyLedger
 from lightning_fl.privacy.schedules import Schedule
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import FederationSpec
+    from lightning_fl.federation.loop import FederatedLoop
 
 __all__ = ["ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP"]
 
@@ -107,9 +109,6 @@ class PerExampleDP(L.Callback):
     Raises:
         ValueError: on a non-positive clip bound, negative noise, or unknown option.
     """
-
-    emits_local_gradient = True
-    """Tells :class:`~lightning_fl.loop.FederatedLoop` that this callback releases local gradients itself."""
 
     def __init__(
         self,
@@ -233,10 +232,11 @@ class PerExampleDP(L.Callback):
             self.release(self._module, gradients, self._batch, optimizer)
 
 
-class ClientDPSGD(FederatedCallback, PrivacyLedger):
+class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     r"""Run :class:`PerExampleDP` in every client's Trainer, with per-client accounting across rounds.
 
-    Add it to ``loop.callbacks``; it installs its :class:`PerExampleDP` into the clients' Trainers. Each client
+    A defence bundle: put it in ``loop.defences``; its parts are the :class:`PerExampleDP` in every client's
+    Trainer and itself as the federated callback that keeps the accounts. Each client
     keeps its own accountant in ``Client.extra`` (client-side state, checkpointed with the client, never
     with the server). After each client's fit, epsilon (the worst case over all clients so far) is logged
     as ``epsilon`` in the round's history and the clip bound as ``clip_bound``.
@@ -299,6 +299,8 @@ class ClientDPSGD(FederatedCallback, PrivacyLedger):
         self.accountant_name, self.conversion = accountant, conversion
         self.federation_accountant = self._new_accountant()
         self._epsilons: dict[int, float] = {}
+        self._client_extra: dict[int, dict[str, Any]] = {}
+        self._num_tensors = 0
 
     @property
     def noise_multiplier(self) -> float:
@@ -307,47 +309,45 @@ class ClientDPSGD(FederatedCallback, PrivacyLedger):
     def _new_accountant(self) -> PrivacyAccountant:
         return PrivacyAccountant(self.accountant_name, conversion=self.conversion)
 
+    @override
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_callbacks=[self.dp], callbacks=[self])
+
     # -- geometry of a round ----------------------------------------------------------------------------
     @staticmethod
-    def _steps_per_round(loop: FederatedLoop, client_id: int) -> int:
-        if loop.local_steps:
-            return loop.local_steps
-        n, batch = loop.datamodule.num_train_samples(client_id), loop.datamodule.batch_size
-        return loop.local_epochs * math.ceil(n / min(batch, n))
+    def _paper_sample_rate(spec: FederationSpec) -> float:
+        return min(1.0, spec.batch_size * spec.clients_per_round / sum(spec.num_train_samples))
 
     @staticmethod
-    def _client_sample_rate(loop: FederatedLoop, client_id: int) -> float:
-        n = loop.datamodule.num_train_samples(client_id)
-        return min(loop.datamodule.batch_size, n) / n
+    def _paper_steps(spec: FederationSpec) -> int:
+        return max(spec.steps_per_round(k) for k in range(spec.num_clients))
 
-    def _paper_sample_rate(self, loop: FederatedLoop) -> float:
-        total = sum(loop.datamodule.num_train_samples(k) for k in range(loop.num_clients))
-        return min(1.0, loop.datamodule.batch_size * loop.clients_per_round / total)
-
-    def _paper_steps(self, loop: FederatedLoop) -> int:
-        return max(self._steps_per_round(loop, k) for k in range(loop.num_clients))
-
-    def _step_multiplier(self, loop: FederatedLoop, client_id: int) -> float:
+    def _step_multiplier(self, spec: FederationSpec, client_id: int) -> float:
         if self.dp.accounting_noise == "nominal":
             return self.dp.noise_multiplier
-        num_tensors = sum(1 for p in loop.worker.parameters() if p.requires_grad)
         return opacus_noise_multiplier(
             noise_multiplier=self.dp.noise_multiplier,
             clipping=self.dp.clipping,
             noise_scaling=self.dp.noise_scaling,
-            num_tensors=num_tensors,
-            batch_size=min(loop.datamodule.batch_size, loop.datamodule.num_train_samples(client_id)),
+            num_tensors=self._num_tensors,
+            batch_size=min(spec.batch_size, spec.num_train_samples[client_id]),
         )
 
     # -- federated hooks ---------------------------------------------------------------------------------
     @override
     def on_fit_start(self, loop: FederatedLoop) -> None:
         if self.dp not in loop.client_callbacks:
-            loop.client_callbacks.append(self.dp)
+            raise ValueError(
+                f"{type(self).__name__} is a defence bundle: put it in loop.defences (YAML: the top-level "
+                "`defences:` list), not in loop.callbacks, so that its PerExampleDP runs in every client's Trainer."
+            )
+        self._num_tensors = sum(1 for p in loop.global_model.parameters() if p.requires_grad)
+        self._client_extra = {c.client_id: c.extra for c in loop.clients}
+        spec = loop.spec
         if self.accounting == "paper" and not self.federation_accountant.history and self.steps_offset:
             self.federation_accountant.step(
-                noise_multiplier=self._step_multiplier(loop, 0),
-                sample_rate=self._paper_sample_rate(loop),
+                noise_multiplier=self._step_multiplier(spec, 0),
+                sample_rate=self._paper_sample_rate(spec),
                 steps=self.steps_offset,
             )
         self._epsilons = {
@@ -360,23 +360,18 @@ class ClientDPSGD(FederatedCallback, PrivacyLedger):
     def on_round_start(self, loop: FederatedLoop, round_idx: int, selected: list[int]) -> None:
         if self.accounting == "paper":
             self.federation_accountant.step(
-                noise_multiplier=self._step_multiplier(loop, selected[0]),
-                sample_rate=self._paper_sample_rate(loop),
-                steps=self._paper_steps(loop),
+                noise_multiplier=self._step_multiplier(loop.spec, selected[0]),
+                sample_rate=self._paper_sample_rate(loop.spec),
+                steps=self._paper_steps(loop.spec),
             )
 
     @override
     def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
         client = loop.clients[client_id]
         self.dp.max_grad_norm = self.clip_schedule(loop.round_idx)
-        self.dp.seed = loop.round_seed("per-example-dp", client_id)
-        self.dp.sample_rate = self._client_sample_rate(loop, client_id)
+        self.dp.seed = loop.round_context().seed("per-example-dp", client_id)
+        self.dp.sample_rate = loop.spec.sample_rate(client_id)
         self.dp.privacy_accountant = self._client_accountant(client.extra)
-        self.dp.release = (
-            (lambda model, grads, batch, opt: loop.emit_local_gradient(client_id, model, grads, batch, opt))
-            if loop.wants_local_gradients()
-            else None
-        )
 
     @override
     def on_client_fit_end(self, loop: FederatedLoop, update: ClientUpdate) -> None:
@@ -400,22 +395,22 @@ class ClientDPSGD(FederatedCallback, PrivacyLedger):
         return max(self._epsilons.values(), default=0.0)
 
     @override
-    def epsilon_projected(self, loop: FederatedLoop) -> float:
+    def epsilon_projected(self, spec: FederationSpec) -> float:
         if self.accounting == "paper":
             return self.federation_accountant.epsilon_after(
                 delta=self.delta,
-                noise_multiplier=self._step_multiplier(loop, 0),
-                sample_rate=self._paper_sample_rate(loop),
-                steps=self._paper_steps(loop),
+                noise_multiplier=self._step_multiplier(spec, 0),
+                sample_rate=self._paper_sample_rate(spec),
+                steps=self._paper_steps(spec),
             )
         return max(
-            self._client_accountant(loop.clients[k].extra).epsilon_after(
+            self._client_accountant(self._client_extra.get(k, {})).epsilon_after(
                 delta=self.delta,
-                noise_multiplier=self._step_multiplier(loop, k),
-                sample_rate=self._client_sample_rate(loop, k),
-                steps=self._steps_per_round(loop, k),
+                noise_multiplier=self._step_multiplier(spec, k),
+                sample_rate=spec.sample_rate(k),
+                steps=spec.steps_per_round(k),
             )
-            for k in range(loop.num_clients)
+            for k in range(spec.num_clients)
         )
 
     @override

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import PrivacyLedger
 from lightning_fl.privacy.clipping import clip_state
@@ -29,7 +30,7 @@ from lightning_fl.privacy.mechanisms import laplace_noise
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import ClientContext, FederationSpec, SetupContext
 
 __all__ = [
     "ALLOCATIONS",
@@ -211,7 +212,7 @@ def dpfl_noisy_update(
     )
 
 
-class PoGZNoise(PrivacyLedger, ClientTransform):
+class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
     r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip, then per-layer Laplace noise split by PoGZ.
 
     Each client computes PoGZ once, on its validation split, with its model right after its first local fit
@@ -255,8 +256,8 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
         self._uploads: dict[int, int] = {}
 
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        self._uploads = {c.client_id: int(c.extra.get(self.extra_uploads, 0)) for c in loop.clients}
+    def setup(self, ctx: SetupContext) -> None:
+        self._uploads = {c.client_id: int(c.extra.get(self.extra_uploads, 0)) for c in ctx.clients}
 
     def sensitivity(self, lr: float | None) -> float:
         r""":math:`\Delta f`: :math:`2\eta\alpha` (``paper``) or :math:`2\alpha` (``delta``)."""
@@ -268,10 +269,14 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
         return 2.0 * eta * self.clip_bound
 
     @override
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
-        client = loop.clients[update.client_id]
-        if self.extra_pogz not in client.extra:
-            client.extra[self.extra_pogz] = pogz_scores(loop.worker, loop.datamodule.val_dataloader(update.client_id))
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_transforms=[self])
+
+    @override
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
+        client = ctx.state
+        if self.extra_pogz not in client.extra:  # ctx.model holds this client's weights right after its fit
+            client.extra[self.extra_pogz] = pogz_scores(ctx.model, ctx.val_dataloader())
         noisy = dpfl_noisy_update(
             update.delta,
             scores=client.extra[self.extra_pogz],
@@ -279,11 +284,11 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
             clip_bound=self.clip_bound,
             sensitivity=self.sensitivity(update.metadata.get("lr")),
             allocation=self.allocation,
-            generator=torch.Generator().manual_seed(loop.round_seed("dpfl", update.client_id)),
+            generator=ctx.rng("dpfl", update.client_id),
         )
         self._uploads[update.client_id] = self._uploads.get(update.client_id, 0) + 1
         client.extra[self.extra_uploads] = self._uploads[update.client_id]
-        loop.log_metrics({"epsilon_round": self.epsilon, "epsilon": self.epsilon_spent()})
+        ctx.log_metrics({"epsilon_round": self.epsilon, "epsilon": self.epsilon_spent()})
         return replace(update, delta=noisy, metadata={**update.metadata, "clip_bound": self.clip_bound})
 
     @override
@@ -291,5 +296,5 @@ class PoGZNoise(PrivacyLedger, ClientTransform):
         return self.epsilon * max(self._uploads.values(), default=0)
 
     @override
-    def epsilon_projected(self, loop: FederatedLoop) -> float:
+    def epsilon_projected(self, spec: FederationSpec) -> float:
         return self.epsilon_spent() + self.epsilon

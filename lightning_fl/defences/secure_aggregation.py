@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.defences.paillier import (
     EncryptedTensors,
     PackingSpec,
@@ -50,13 +50,15 @@ from lightning_fl.defences.paillier import (
     weighted_sum,
 )
 from lightning_fl.messages import ClientUpdate
-from lightning_fl.server import Aggregator
+from lightning_fl.server.aggregation import Aggregator
+from lightning_fl.server.aggregation import weighted_sum as _linear_combination
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
     from phe.paillier import PaillierPublicKey
 
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import ClientContext, ClientState, RoundContext, SetupContext
+
 
 __all__ = [
     "EncryptedAggregate",
@@ -86,13 +88,6 @@ class EncryptedAggregate:
     encrypted: EncryptedTensors
     plaintext: dict[str, Tensor] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
-
-
-def _linear_combination(deltas: Sequence[dict[str, Tensor]], weights: Sequence[float], normaliser: float) -> dict:
-    return {
-        key: torch.stack([d[key] * w for d, w in zip(deltas, weights, strict=True)]).sum(dim=0) / normaliser
-        for key in deltas[0]
-    }
 
 
 def combine_updates(
@@ -151,10 +146,8 @@ def check_payloads(updates: Sequence[ClientUpdate], *, global_state: dict[str, T
             )
 
 
-def client_side_decrypt(
-    message: dict[str, Tensor] | EncryptedAggregate, *, loop: FederatedLoop, client_id: int
-) -> dict[str, Tensor]:
-    """Client ``client_id`` decrypts what the server sent with its own copy of the private key.
+def client_side_decrypt(message: dict[str, Tensor] | EncryptedAggregate, *, client: ClientState) -> dict[str, Tensor]:
+    """``client`` decrypts what the server sent with its own copy of the private key.
 
     Plaintext messages pass through unchanged.
 
@@ -163,10 +156,10 @@ def client_side_decrypt(
     """
     if not isinstance(message, EncryptedAggregate):
         return message
-    stored = loop.clients[client_id].extra.get(KEY_FIELD)
+    stored = client.extra.get(KEY_FIELD)
     if stored is None:
         raise RuntimeError(
-            f"client {client_id} holds no Paillier key; add PaillierEncryption to loop.client_transforms."
+            f"client {client.client_id} holds no Paillier key; add PaillierEncryption to loop.client_transforms."
         )
     decrypted = decrypt_tensors(message.encrypted, private_key=private_key_from_state(stored))
     return {**decrypted, **message.plaintext}
@@ -180,8 +173,8 @@ class PaillierAggregator(Aggregator):
     """
 
     @abstractmethod
-    def max_weight_sum(self, loop: FederatedLoop) -> int:
-        """The largest sum of integer weights this aggregator applies to ciphertexts in ``loop``."""
+    def max_weight_sum(self, ctx: SetupContext) -> int:
+        """The largest sum of integer weights this aggregator applies to ciphertexts in the run ``ctx``."""
 
 
 class SecureFedAvg(PaillierAggregator):
@@ -196,30 +189,29 @@ class SecureFedAvg(PaillierAggregator):
 
     Example:
         >>> u = [ClientUpdate(k, 0, {"w": torch.tensor([float(k)])}, 10 * (k + 1), 0.0) for k in range(2)]
-        >>> SecureFedAvg().aggregate(u, global_state={})
-        {'w': tensor([0.6667])}
+        >>> SecureFedAvg().aggregate(u, ctx=None)
+        ({'w': tensor([0.6667])}, {})
     """
 
     def __init__(self, *, weighted: bool = True) -> None:
         self.weighted = weighted
 
     @override
-    def max_weight_sum(self, loop: FederatedLoop) -> int:
+    def max_weight_sum(self, ctx: SetupContext) -> int:
         if not self.weighted:
-            return loop.clients_per_round
-        counts = sorted((loop.datamodule.num_train_samples(k) for k in range(loop.num_clients)), reverse=True)
-        return sum(counts[: loop.clients_per_round])
+            return ctx.spec.clients_per_round
+        return sum(sorted(ctx.spec.num_train_samples, reverse=True)[: ctx.spec.clients_per_round])
 
     @override
     def aggregate(
-        self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]
-    ) -> dict[str, Tensor] | EncryptedAggregate:
-        check_payloads(updates, global_state=global_state)
+        self, updates: Sequence[ClientUpdate], *, ctx: RoundContext | None
+    ) -> tuple[dict[str, Tensor] | EncryptedAggregate, dict[str, float]]:
+        check_payloads(updates, global_state=dict(ctx.global_state) if ctx is not None else {})
         weights = [u.num_samples if self.weighted else 1 for u in updates]
-        return combine_updates(updates, weights=weights, normaliser=sum(weights))
+        return combine_updates(updates, weights=weights, normaliser=sum(weights)), {}
 
 
-class PaillierEncryption(ClientTransform):
+class PaillierEncryption(ClientTransform, Defence):
     """Client side of Paillier secure aggregation: encrypt each update, decrypt the aggregate.
 
     Put it last in ``loop.client_transforms`` (after clipping or noise) and use a Paillier-aware aggregator
@@ -270,41 +262,43 @@ class PaillierEncryption(ClientTransform):
 
     # -- setup: checks and the key ceremony ------------------------------------------------------------
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        self._check_loop(loop)
-        stored = next((c.extra[KEY_FIELD] for c in loop.clients if KEY_FIELD in c.extra), None)
+    def setup(self, ctx: SetupContext) -> None:
+        self._check_run(ctx)
+        stored = next((c.extra[KEY_FIELD] for c in ctx.clients if KEY_FIELD in c.extra), None)
         if stored is not None and int(stored["n"]).bit_length() == self.key_size:
             private_key = private_key_from_state(stored)  # resumed run: the clients still hold their key
         else:
             _, private_key = generate_keypair(spec=self.spec)  # on the key holder, Algorithm 3 line 2
         shared = private_key_state(private_key)
-        for client in loop.clients:  # the key holder shares the key pair with every client (line 2-4)
+        for client in ctx.clients:  # the key holder shares the key pair with every client (line 2-4)
             client.extra[KEY_FIELD] = dict(shared)
         self.public_key = private_key.public_key
 
-    def _check_loop(self, loop: FederatedLoop) -> None:
-        if not isinstance(loop.aggregator, PaillierAggregator):
+    def _check_run(self, ctx: SetupContext) -> None:
+        if not isinstance(ctx.aggregator, PaillierAggregator):
             raise ValueError(
-                f"loop.aggregator={type(loop.aggregator).__name__} cannot read Paillier ciphertexts; use "
+                f"loop.aggregator={type(ctx.aggregator).__name__} cannot read Paillier ciphertexts; use "
                 "SecureFedAvg or FedBoosting with PaillierEncryption."
             )
-        needed = loop.aggregator.max_weight_sum(loop)
+        needed = ctx.aggregator.max_weight_sum(ctx)
         if needed > self.max_weight_sum:
             raise ValueError(
                 f"PaillierEncryption(max_weight_sum={self.max_weight_sum}) is below the {needed} that "
-                f"{type(loop.aggregator).__name__} may apply in one round; the packed slots could overflow. "
+                f"{type(ctx.aggregator).__name__} may apply in one round; the packed slots could overflow. "
                 f"Set max_weight_sum >= {needed} (PackingSpec then checks it still fits the key)."
             )
-        if not 0 <= self.key_holder < loop.num_clients:
-            raise ValueError(f"PaillierEncryption(key_holder={self.key_holder}) is not a client of {loop.num_clients}.")
-        names = [k for k, v in loop.global_public_state().items() if v.is_floating_point()]
+        if not 0 <= self.key_holder < ctx.spec.num_clients:
+            raise ValueError(
+                f"PaillierEncryption(key_holder={self.key_holder}) is not a client of {ctx.spec.num_clients}."
+            )
+        names = list(ctx.spec.update_keys)
         for pattern in self.layers or ():
             if not fnmatch.filter(names, pattern):
                 raise ValueError(
                     f"PaillierEncryption(layers=[..., {pattern!r}, ...]) matches no public layer; "
                     f"layers are {names[:8]}{' ...' if len(names) > 8 else ''}."
                 )
-        if loop.server_transforms:
+        if ctx.server_transforms:
             warnings.warn(
                 "loop.server_transforms run on the decrypted aggregate, which a real Paillier server never sees; "
                 "their results do not describe a deployable protocol.",
@@ -316,9 +310,13 @@ class PaillierEncryption(ClientTransform):
         return self.layers is None or any(fnmatch.fnmatchcase(name, p) for p in self.layers)
 
     @override
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_transforms=[self])
+
+    @override
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
         if self.public_key is None:
-            raise RuntimeError("PaillierEncryption has no public key; FederatedLoop.fit() calls setup(loop) first.")
+            raise RuntimeError("PaillierEncryption has no public key; FederatedLoop.fit() calls setup(ctx) first.")
         secret = {k: v for k, v in update.delta.items() if self._encrypts(k)}
         clear = {k: v for k, v in update.delta.items() if not self._encrypts(k)}
         start = time.perf_counter()
@@ -332,7 +330,7 @@ class PaillierEncryption(ClientTransform):
                 stacklevel=2,
             )
         self._log_cost(
-            loop,
+            ctx,
             he_encrypt_s=elapsed,
             he_upload_bytes=payload.nbytes,
             he_ciphertexts=len(payload.ciphertexts),
@@ -341,19 +339,19 @@ class PaillierEncryption(ClientTransform):
         return dataclasses.replace(update, delta=clear, payload=payload)
 
     @override
-    def decode_aggregate(self, aggregate: Any, *, loop: FederatedLoop) -> Any:
+    def decode_aggregate(self, aggregate: Any, *, ctx: ClientContext) -> Any:
         if not isinstance(aggregate, EncryptedAggregate):
             return aggregate
         start = time.perf_counter()
-        delta = client_side_decrypt(aggregate, loop=loop, client_id=self.key_holder)
+        delta = client_side_decrypt(aggregate, client=ctx.state)
         cost = {"he_decrypt_s": time.perf_counter() - start, "he_download_bytes": aggregate.encrypted.nbytes}
-        self._log_cost(loop, **cost, **aggregate.cost)
+        self._log_cost(ctx, **cost, **aggregate.cost)
         return delta
 
-    def _log_cost(self, loop: FederatedLoop, **cost: float) -> None:
-        """Add ``cost`` to this round's totals and hand the totals to ``loop.log_metrics``."""
-        if self._cost_round != loop.round_idx:
-            self._round_cost, self._cost_round = {}, loop.round_idx
+    def _log_cost(self, ctx: RoundContext, **cost: float) -> None:
+        """Add ``cost`` to this round's totals and hand the totals to ``ctx.log_metrics``."""
+        if self._cost_round != ctx.round_idx:
+            self._round_cost, self._cost_round = {}, ctx.round_idx
         for key, value in cost.items():
             self._round_cost[key] = self._round_cost.get(key, 0.0) + float(value)
-        loop.log_metrics(dict(self._round_cost))
+        ctx.log_metrics(dict(self._round_cost))

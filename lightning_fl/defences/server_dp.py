@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant, PrivacyLedger
 from lightning_fl.privacy.clipping import clip_per_tensor
@@ -22,7 +22,7 @@ from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import ClientTransform, ServerTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext
 
 __all__ = ["FedSDP", "FedSDPServerNoise"]
 
@@ -62,26 +62,28 @@ class _ClientLevelLedger(PrivacyLedger):
         self.privacy_accountant = PrivacyAccountant(accountant, conversion=conversion)
         self._accounted_round = -1
 
-    def _account_round(self, loop: FederatedLoop) -> None:
-        if self.noise_multiplier == 0 or self._accounted_round == loop.round_idx:
+    def _account_round(self, ctx: RoundContext) -> None:
+        if self.noise_multiplier == 0 or self._accounted_round == ctx.round_idx:
             return
         steps = 1 + (self.steps_offset if not self.privacy_accountant.history else 0)
         self.privacy_accountant.step(
-            noise_multiplier=self.noise_multiplier, sample_rate=loop.clients_per_round / loop.num_clients, steps=steps
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=ctx.spec.clients_per_round / ctx.spec.num_clients,
+            steps=steps,
         )
-        self._accounted_round = loop.round_idx
-        loop.log_metrics({"epsilon": self.epsilon_spent()})
+        self._accounted_round = ctx.round_idx
+        ctx.log_metrics({"epsilon": self.epsilon_spent()})
 
     def epsilon_spent(self) -> float:
         return self.privacy_accountant.get_epsilon(self.delta) if self.noise_multiplier else 0.0
 
-    def epsilon_projected(self, loop: FederatedLoop) -> float:
+    def epsilon_projected(self, spec: FederationSpec) -> float:
         if self.noise_multiplier == 0:
             return 0.0
         return self.privacy_accountant.epsilon_after(
             delta=self.delta,
             noise_multiplier=self.noise_multiplier,
-            sample_rate=loop.clients_per_round / loop.num_clients,
+            sample_rate=spec.clients_per_round / spec.num_clients,
             steps=1 + (self.steps_offset if not self.privacy_accountant.history else 0),
         )
 
@@ -94,7 +96,7 @@ class _ClientLevelLedger(PrivacyLedger):
         self._accounted_round = int(state["accounted_round"])
 
 
-class FedSDP(_ClientLevelLedger, ClientTransform):
+class FedSDP(_ClientLevelLedger, ClientTransform, Defence):
     r"""Clip each client's update per layer and add Gaussian noise at the client, before it is sent.
 
     Implements lines 8-12 of Alg. 1 (Fed-SDP) of Wei et al. (ICDCS 2021), typos corrected (spec B4):
@@ -120,22 +122,26 @@ class FedSDP(_ClientLevelLedger, ClientTransform):
     Example:
         >>> sdp = FedSDP(noise_multiplier=0.0, max_grad_norm=1.0)
         >>> update = ClientUpdate(0, 0, {"w": torch.tensor([3.0, 4.0])}, num_samples=10, loss=0.1)
-        >>> sdp(update, loop=None).delta
+        >>> sdp(update, ctx=None).delta
         {'w': tensor([0.6000, 0.8000])}
     """
 
     @override
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+    def parts(self) -> DefenceParts:
+        return DefenceParts(client_transforms=[self])
+
+    @override
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
         clipped = clip_per_tensor(update.delta, max_norm=self.max_grad_norm)
         if self.noise_multiplier > 0:
-            generator = torch.Generator().manual_seed(loop.round_seed("fed-sdp", update.client_id))
+            generator = ctx.rng("fed-sdp", update.client_id)
             std = self.noise_multiplier * self.max_grad_norm
             clipped = {k: v + gaussian_noise(v, std=std, generator=generator) for k, v in clipped.items()}
-            self._account_round(loop)
+            self._account_round(ctx)
         return replace(update, delta=clipped, metadata={**update.metadata, "clip_bound": self.max_grad_norm})
 
 
-class FedSDPServerNoise(_ClientLevelLedger, ServerTransform):
+class FedSDPServerNoise(_ClientLevelLedger, ServerTransform, Defence):
     r"""Fed-SDP's server-side variant: one Gaussian draw on the average of clipped updates.
 
     :math:`\Delta\tilde W = \frac{1}{K_t}\big(\sum_k \Delta\bar W_k + \mathcal N(0, \sigma^2C^2 I)\big)`
@@ -155,8 +161,12 @@ class FedSDPServerNoise(_ClientLevelLedger, ServerTransform):
     """
 
     @override
-    def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
-        generator = torch.Generator().manual_seed(loop.round_seed("fed-sdp-server"))
-        std = self.noise_multiplier * self.max_grad_norm / loop.clients_per_round
-        self._account_round(loop)
+    def parts(self) -> DefenceParts:
+        return DefenceParts(server_transforms=[self])
+
+    @override
+    def __call__(self, delta: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
+        generator = ctx.rng("fed-sdp-server")
+        std = self.noise_multiplier * self.max_grad_norm / ctx.spec.clients_per_round
+        self._account_round(ctx)
         return {k: v + gaussian_noise(v, std=std, generator=generator) for k, v in delta.items()}

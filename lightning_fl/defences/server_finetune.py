@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import warnings
+import copy
 from typing import TYPE_CHECKING, Any, Literal
 
-import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from lightning_fl.defences.base import Defence, DefenceParts
+from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+from lightning_fl.private import load_state_into
 from lightning_fl.transforms import ServerTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import RoundContext, SetupContext
 
 __all__ = ["PublicFineTune"]
 
 
-class PublicFineTune(ServerTransform):
+class PublicFineTune(ServerTransform, Defence):
     r"""Train the aggregated global model on public data for a few epochs; the change joins the aggregate.
 
     DPFL (Zhu et al., IEEE IoT-J 2021, Alg. 3 and Sec. V-A) fine-tunes for one epoch per round on 1,000
@@ -48,36 +50,41 @@ class PublicFineTune(ServerTransform):
             raise ValueError(f"PublicFineTune(source={source!r}) is unknown; use 'test' or 'validation'.")
         self.num_samples, self.source, self.epochs, self.seed = num_samples, source, epochs, seed
         self._public: Any = None
+        self._model: Any = None
+        self._options: dict[str, Any] = {}
 
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        dm = loop.datamodule
+    def setup(self, ctx: SetupContext) -> None:
+        dm = ctx.datamodule
         if self.source == "test":
             pool = dm.test_set
         else:
-            parts = [dm.client_val_set(k) for k in range(loop.num_clients)]
+            parts = [dm.client_val_set(k) for k in range(ctx.spec.num_clients)]
             pool = torch.utils.data.ConcatDataset(parts)
         if len(pool) == 0:
             raise ValueError(f"PublicFineTune(source={self.source!r}) found no samples; use the other source.")
         idx = torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[: self.num_samples]
         self._public = torch.utils.data.Subset(pool, idx.tolist())
+        self._model, self._options = copy.deepcopy(ctx.global_model), ctx.trainer_options
 
     @override
-    def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
-        global_state = loop.global_public_state()
-        start = {k: global_state[k] + v for k, v in delta.items()}
-        model = loop.attacker_model(start)
-        torch.manual_seed(loop.round_seed("public-finetune"))
+    def parts(self) -> DefenceParts:
+        return DefenceParts(server_transforms=[self])
+
+    @override
+    def __call__(self, delta: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
+        global_state = ctx.global_state
+        model = copy.deepcopy(self._model)  # the server's copy: public state loaded, private layers its own init
+        load_state_into(model, {**global_state, **{k: global_state[k] + v for k, v in delta.items()}})
+        model.train()
+        torch.manual_seed(ctx.seed("public-finetune"))
         loader = DataLoader(
             self._public,
-            batch_size=loop.datamodule.batch_size,
+            batch_size=ctx.spec.batch_size,
             shuffle=True,
-            generator=torch.Generator().manual_seed(loop.round_seed("public-finetune-order")),
+            generator=ctx.rng("public-finetune-order"),
         )
-        trainer = L.Trainer(**loop.trainer_options, max_epochs=self.epochs)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*number of training batches.*")
-            trainer.fit(model, train_dataloaders=loader)
+        with quiet_lightning():
+            build_trainer(self._options, max_epochs=self.epochs).fit(model, train_dataloaders=loader)
         tuned = model.state_dict()
         return {k: (tuned[k] - global_state[k]).detach().clone() for k in delta}

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_fl.defences.classifier import ModelDefence
+from lightning_fl.defences.base import Defence
 from lightning_fl.private import mark_private, private_modules
 
 __all__ = ["PrivateFineTuning", "PrivateSplit", "split_private"]
@@ -73,8 +73,8 @@ def _first_linear_after(leaves: list[tuple[str, nn.Module]], start: int) -> int:
     return next((i for i in range(start, len(leaves)) if isinstance(leaves[i][1], nn.Linear)), len(leaves))
 
 
-class PrivateSplit(ModelDefence):
-    """The splitfed baseline as a model defence: ``PrivateSplit(cut=1)(model)`` calls :func:`split_private`.
+class PrivateSplit(Defence):
+    """The splitfed baseline as a model defence: ``apply_to_model`` calls :func:`split_private`.
 
     Args:
         cut: number of leading convolutions kept private, or the name of the last private module.
@@ -83,7 +83,7 @@ class PrivateSplit(ModelDefence):
     def __init__(self, cut: int | str = 1) -> None:
         self.cut = cut
 
-    def __call__(self, model: nn.Module) -> nn.Module:
+    def apply_to_model(self, model: nn.Module) -> nn.Module:
         return split_private(model, cut=self.cut)
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from lightning_fl.defences import ActiveSelector
+from lightning_fl.server import ActiveSelector
 from lightning_fl.messages import ClientUpdate
 
 VALUES = {k: float(k) for k in range(8)}  # client k has valuation k

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from lightning_fl.defences import DPFLAggregator
+from lightning_fl.server import DPFLAggregator
 from lightning_fl.messages import ClientUpdate
+from tests.conftest import plugin_context
 
 
 def _updates() -> list[ClientUpdate]:
@@ -15,12 +16,12 @@ def _updates() -> list[ClientUpdate]:
 def test_faithful_form_scales_by_eta_and_share_of_all_clients_samples() -> None:
     aggregator = DPFLAggregator()
     aggregator.total_samples = 400  # K clients hold 400 samples; the two selected hold 40
-    delta = aggregator.aggregate(_updates(), global_state={"w": torch.zeros(1)})
+    delta = aggregator.aggregate(_updates(), ctx=plugin_context({"w": torch.zeros(1)}))[0]
     assert delta["w"].item() == pytest.approx(0.01 * (10 * 1.0 + 30 * 4.0) / 400)
 
 
 def test_fedavg_form_is_the_sample_weighted_mean() -> None:
-    delta = DPFLAggregator(form="fedavg").aggregate(_updates(), global_state={"w": torch.zeros(1)})
+    delta = DPFLAggregator(form="fedavg").aggregate(_updates(), ctx=plugin_context({"w": torch.zeros(1)}))[0]
     assert delta["w"].item() == pytest.approx((10 * 1.0 + 30 * 4.0) / 40)
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from lightning_fl import FedAvg
-from lightning_fl.defences.fedboosting import (
+from lightning_fl import FedAvg, RoundContext
+from lightning_fl.server.fedboosting import (
     ClientLink,
     FedBoosting,
     eq_4_2_weights,
@@ -129,11 +129,9 @@ def test_fedboosting_rejects_impossible_setups_before_training(tmp_path, kwargs:
 class RecordingFedBoosting(FedBoosting):
     """Keeps the plaintext updates of the round (only meaningful without HE)."""
 
-    def aggregate(
-        self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]
-    ) -> dict[str, Tensor] | EncryptedAggregate:
-        self.updates, self.before = list(updates), {k: v.clone() for k, v in global_state.items()}
-        return super().aggregate(updates, global_state=global_state)
+    def aggregate(self, updates: Sequence[ClientUpdate], *, ctx: RoundContext) -> tuple:
+        self.updates, self.before = list(updates), {k: v.clone() for k, v in ctx.global_state.items()}
+        return super().aggregate(updates, ctx=ctx)
 
 
 def test_encrypted_fedboosting_with_fusion_equals_the_thesis_integer_aggregate(tmp_path) -> None:

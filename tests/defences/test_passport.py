@@ -75,7 +75,7 @@ def test_add_passports_rejects_more_convs_than_the_model_has() -> None:
 
 
 def test_passports_defence_is_add_passports() -> None:
-    net = Passports(num_convs=2, passport_dist="normal", passport_size=8)(LeNetDLG(in_channels=1))
+    net = Passports(num_convs=2, passport_dist="normal", passport_size=8).apply_to_model(LeNetDLG(in_channels=1))
     assert isinstance(net.body[2], PassportConv2d) and net.body[2].passport_beta.shape == (1, 12, 8, 8)
 
 

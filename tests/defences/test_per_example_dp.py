@@ -15,8 +15,9 @@ from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import FederatedCallback, GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import ClientDPSGD, FedCDP, FedSDP, PerExampleDP
-from lightning_fl.loop import FederatedLoop
+from lightning_fl import FederatedLoop
 from lightning_fl.privacy import PrivacyAccountant, Schedule
+from lightning_fl.defences import Defence
 from lightning_fl.server import FedAvg
 from tests.conftest import make_classifier, one_step_attack_loop
 
@@ -117,12 +118,15 @@ def test_per_example_dp_rejects_bad_options(kwargs: dict, match: str) -> None:
 
 
 # -- in the federated loop -------------------------------------------------------------------------------------
-def _loop(tmp_path: Path, callbacks: list, *, num_rounds: int = 2, **kwargs) -> FederatedLoop:
+def _loop(tmp_path: Path, parts: list, *, num_rounds: int = 2, **kwargs) -> FederatedLoop:
+    """A loop with the defence bundles in ``parts`` as defences and the rest as callbacks."""
     dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=16, seed=0)
     torch.manual_seed(0)
     options = {"clients_per_round": 2, "local_steps": 3, "eval_every": 0, "progress_bar": False} | kwargs
+    defences = [p for p in parts if isinstance(p, Defence)]
+    callbacks = [p for p in parts if not isinstance(p, Defence)]
     return FederatedLoop(
-        make_classifier(dm), dm, num_rounds=num_rounds, callbacks=callbacks, output_dir=tmp_path, **options
+        make_classifier(dm), dm, num_rounds=num_rounds, defences=defences, callbacks=callbacks, output_dir=tmp_path, **options
     )
 
 
@@ -142,7 +146,7 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
     accountant.load_state_dict(extra[ClientDPSGD.extra_key])
     times = sum(sorted(trained)[0] in h["clients"] for h in full["history"])
     assert accountant.history == [(1.0, 16 / resumed_loop.datamodule.num_train_samples(sorted(trained)[0]), 3 * times)]
-    worker = resumed_loop.worker  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
+    worker = resumed_loop.runner.worker  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
     assert not any(m._forward_hooks or m._backward_hooks for m in worker.modules())
     assert not any(hasattr(p, "grad_sample") for p in worker.parameters())
     server = torch.load(tmp_path / "full" / "checkpoints" / "server.pt", weights_only=True)
@@ -189,13 +193,11 @@ def test_the_type_2_leak_point_sees_the_noised_gradient_the_client_applies(tmp_p
     assert max(g.abs().max() for g in released.gradients[0].values()) > 1.0
 
 
-def _attacked(tmp_path: Path, callbacks: list) -> dict:
+def _attacked(tmp_path: Path, defences: list) -> dict:
     attack = GradientLeakage(
         IDLGAttack(max_iterations=300, progress_bar=False), leak_point="local_gradient", save_images=False
     )
-    transforms = [t for t in callbacks if isinstance(t, FedSDP)]
-    loop = one_step_attack_loop(tmp_path, callbacks=[*callbacks, attack], client_transforms=transforms)
-    loop.callbacks = [c for c in loop.callbacks if not isinstance(c, FedSDP)]
+    loop = one_step_attack_loop(tmp_path, callbacks=[attack], defences=defences)
     return loop.fit()["attacks"][0]
 
 
@@ -221,7 +223,7 @@ def _fed_cdp_accuracy(tmp_path: Path, clip: float | Schedule) -> float:
         clients_per_round=4,
         local_epochs=1,
         eval_every=10,
-        callbacks=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="authors")],
+        defences=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="authors")],
         aggregator=FedAvg(weighted=False),
         output_dir=tmp_path,
         checkpoint=False,

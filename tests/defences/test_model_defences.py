@@ -13,7 +13,7 @@ import yaml
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.cli import main
 from lightning_fl.defences import GaussianNoise, GradientPruning, PrivateFineTuning
-from lightning_fl.loop import FederatedLoop
+from lightning_fl import FederatedLoop
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from lightning_fl.private import private_state
 from tests.defences.leakage import defended_model, digits
@@ -67,7 +67,7 @@ def test_private_tensors_never_reach_updates_global_state_logs_or_server_checkpo
     for view in recorder.views:
         assert not private_names & set(view.tensors)
     assert not private_names & set(loop.global_public_state())
-    server = torch.load(loop.server_checkpoint_path, map_location="cpu", weights_only=True)
+    server = torch.load(loop.checkpoint.server_path, map_location="cpu", weights_only=True)
     assert not private_names & set(server["global_state"])
     secrets = [t for c in loop.clients if c.initialised for t in c.private.values()]
     assert secrets and not any(_contains_tensor(server, secret) for secret in secrets)
@@ -196,5 +196,5 @@ def test_defence_configs_parse_with_their_defences(name: str, tmp_path: Path, ca
         main(["fit", "--config", str(CONFIGS / f"{name}.yaml"), "--output_dir", str(tmp_path), "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert exit_info.value.code == 0
-    defences = printed["model"]["init_args"]["defences"]
+    defences = printed["defences"]
     assert [d["class_path"].rsplit(".", 1)[-1] for d in defences] in (["Passports"], ["KeyLocks"])

@@ -9,10 +9,10 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_fl.messages import ClientUpdate
-from lightning_fl.server import Aggregator, weighted_average
+from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import RoundContext, SetupContext
 
 __all__ = ["DPFLAggregator"]
 
@@ -41,17 +41,16 @@ class DPFLAggregator(Aggregator):
         self.total_samples = 0
 
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        self.total_samples = sum(loop.datamodule.num_train_samples(k) for k in range(loop.num_clients))
+    def setup(self, ctx: SetupContext) -> None:
+        self.total_samples = sum(ctx.spec.num_train_samples)
 
     @override
-    def aggregate(self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    def aggregate(
+        self, updates: Sequence[ClientUpdate], *, ctx: RoundContext | None
+    ) -> tuple[dict[str, Tensor], dict[str, float]]:
         if self.form == "fedavg":
-            return weighted_average([u.delta for u in updates], [u.num_samples for u in updates])
+            return weighted_average([u.delta for u in updates], [u.num_samples for u in updates]), {}
         eta = self.server_lr if self.server_lr is not None else updates[0].metadata.get("lr")
         if eta is None or self.total_samples <= 0:
-            raise ValueError("DPFLAggregator(form='faithful') needs setup(loop) and eta: set server_lr=... .")
-        return {
-            key: sum(u.delta[key] * (eta * u.num_samples / self.total_samples) for u in updates)
-            for key in updates[0].delta
-        }
+            raise ValueError("DPFLAggregator(form='faithful') needs setup(ctx) and eta: set server_lr=... .")
+        return weighted_sum([u.delta for u in updates], [eta * u.num_samples / self.total_samples for u in updates]), {}

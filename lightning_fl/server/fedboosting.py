@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -45,7 +44,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_fl.client import load_state_into
 from lightning_fl.defences.secure_aggregation import (
     EncryptedAggregate,
     PaillierAggregator,
@@ -53,11 +51,14 @@ from lightning_fl.defences.secure_aggregation import (
     client_side_decrypt,
     combine_updates,
 )
-from lightning_fl.loop import derive_seed
+from lightning_fl.federation.contexts import derive_seed
+from lightning_fl.federation.evaluation import logged_metric
+from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.private import load_state_into
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import RoundContext, SetupContext
 
 __all__ = [
     "WEIGHTINGS",
@@ -196,19 +197,19 @@ def fusion_weights(p_hat: Sequence[float], *, pieces: int) -> list[list[int]]:
 class ClientLink:
     """The server's channel to the clients for cross-validation: it sends a model, it gets back losses.
 
-    In a deployment this is the network; in the simulation it calls into the clients of the loop. The
+    In a deployment this is the network; in the simulation it evaluates on the clients' side. The
     server side learns only the scalar losses. Decryption happens on the client side
     (:func:`~lightning_fl.defences.secure_aggregation.client_side_decrypt` with the client's own key), and
     evaluation uses the client's own data (and its private layers, if the model has any).
 
     Args:
-        loop: the federated loop whose clients answer.
+        ctx: the run's parts: the clients' own states and data answer.
         metric: what the model logs in ``validation_step`` as the loss (``val_loss`` for ImageClassifier).
     """
 
-    def __init__(self, loop: FederatedLoop, *, metric: str = "val_loss") -> None:
-        self._loop, self.metric = loop, metric
-        self._model = copy.deepcopy(loop.global_model)
+    def __init__(self, ctx: SetupContext, *, metric: str = "val_loss") -> None:
+        self._ctx, self.metric = ctx, metric
+        self._model = copy.deepcopy(ctx.global_model)
         self._trainer: L.Trainer | None = None
 
     def losses(
@@ -220,40 +221,31 @@ class ClientLink:
         split: Literal["train", "val"],
     ) -> list[float]:
         """Loss of the model ``base_state + message`` on the ``split`` data of each client in ``client_ids``."""
-        loop = self._loop
-        delta = client_side_decrypt(message, loop=loop, client_id=client_ids[0])
+        ctx = self._ctx
+        delta = client_side_decrypt(message, client=ctx.clients[client_ids[0]])
         state = {k: v + delta[k].to(v.dtype) if k in delta else v for k, v in base_state.items()}
         load_state_into(self._model, state)
         out = []
         for client_id in client_ids:
-            if loop.clients[client_id].private:
-                load_state_into(self._model, loop.clients[client_id].private)
-            dataset = (
-                loop.datamodule.client_train_set(client_id)
-                if split == "train"
-                else loop.datamodule.client_val_set(client_id)
-            )
-            out.append(self._evaluate(DataLoader(dataset, batch_size=loop.datamodule.eval_batch_size)))
+            if ctx.clients[client_id].private:
+                load_state_into(self._model, ctx.clients[client_id].private)
+            dm = ctx.datamodule
+            dataset = dm.client_train_set(client_id) if split == "train" else dm.client_val_set(client_id)
+            out.append(self._evaluate(DataLoader(dataset, batch_size=dm.eval_batch_size)))
         return out
 
     def _evaluate(self, loader: DataLoader) -> float:
         if self._trainer is None:
-            options = {k: v for k, v in self._loop.trainer_options.items() if k != "limit_val_batches"}
-            self._trainer = L.Trainer(**options)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            self._trainer = build_trainer(self._ctx.trainer_options, validate=True)
+        with quiet_lightning():
             results = self._trainer.validate(self._model, dataloaders=loader, verbose=False)
-        if self.metric not in results[0]:
-            raise KeyError(
-                f"FedBoosting(val_metric={self.metric!r}) was not logged by {type(self._model).__name__}."
-                f"validation_step; logged: {sorted(results[0])}. HINT: log the loss there or change val_metric."
-            )
-        return float(results[0][self.metric])
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Report the protocol's own cost and weights to the run's history."""
-        self._loop.log_metrics(metrics)
+        return logged_metric(
+            results[0],
+            self.metric,
+            owner=type(self._model).__name__,
+            hook="validation_step",
+            field="FedBoosting(val_metric)",
+        )
 
 
 class FedBoosting(PaillierAggregator):
@@ -325,15 +317,15 @@ class FedBoosting(PaillierAggregator):
 
     # -- setup -----------------------------------------------------------------------------------------
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        empty = [k for k in range(loop.num_clients) if len(loop.datamodule.client_val_set(k)) == 0]
+    def setup(self, ctx: SetupContext) -> None:
+        empty = [k for k in range(ctx.spec.num_clients) if len(ctx.datamodule.client_val_set(k)) == 0]
         if empty:
             raise ValueError(
                 f"FedBoosting needs a validation set on every client, but clients {empty[:5]} have none; "
-                f"raise data.val_fraction (now {loop.datamodule.val_fraction})."
+                f"raise data.val_fraction (now {ctx.datamodule.val_fraction})."
             )
-        self._check_fusion(loop.clients_per_round)
-        self._link, self._seed = ClientLink(loop, metric=self.val_metric), loop.seed
+        self._check_fusion(ctx.spec.clients_per_round)
+        self._link, self._seed = ClientLink(ctx, metric=self.val_metric), ctx.spec.seed
 
     def _check_fusion(self, num_clients: int) -> None:
         if self.fusion_p_hat is None or num_clients == 1:
@@ -353,17 +345,18 @@ class FedBoosting(PaillierAggregator):
             )
 
     @override
-    def max_weight_sum(self, loop: FederatedLoop) -> int:
+    def max_weight_sum(self, ctx: SetupContext) -> int:
         # floor and largest_remainder sum to at most P; round adds at most 1/2 per client; fusion rows <= P
-        return self.pieces + loop.clients_per_round
+        return self.pieces + ctx.spec.clients_per_round
 
     # -- one round -------------------------------------------------------------------------------------
     @override
     def aggregate(
-        self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]
-    ) -> dict[str, Tensor] | EncryptedAggregate:
+        self, updates: Sequence[ClientUpdate], *, ctx: RoundContext
+    ) -> tuple[dict[str, Tensor] | EncryptedAggregate, dict[str, float]]:
         if self._link is None:
-            raise RuntimeError("FedBoosting has no link to the clients; FederatedLoop.fit() calls setup(loop) first.")
+            raise RuntimeError("FedBoosting has no link to the clients; FederatedLoop.fit() calls setup(ctx) first.")
+        global_state = dict(ctx.global_state)
         check_payloads(updates, global_state=global_state)
         start = time.perf_counter()
         ids = [u.client_id for u in updates]
@@ -379,13 +372,11 @@ class FedBoosting(PaillierAggregator):
         else:
             integers = integer_weights(weights, pieces=self.pieces, rounding=self.rounding)
             aggregate = combine_updates(updates, weights=integers, normaliser=self.pieces)
-        self._link.log_metrics(
-            {
-                "fedboosting_s": time.perf_counter() - start,
-                **{f"fedboosting_weight_{k}": w for k, w in self.last_weights.items()},
-            }
-        )
-        return aggregate
+        metrics = {
+            "fedboosting_s": time.perf_counter() - start,
+            **{f"fedboosting_weight_{k}": w for k, w in self.last_weights.items()},
+        }
+        return aggregate, metrics
 
     def _shared_models(self, updates: Sequence[ClientUpdate]) -> list[dict[str, Tensor] | EncryptedAggregate]:
         """What is sent around for cross-validation: raw client models, or their Eq. 4.5 fusions."""

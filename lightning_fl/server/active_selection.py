@@ -10,10 +10,10 @@ import torch
 from typing_extensions import override
 
 from lightning_fl.messages import ClientUpdate
-from lightning_fl.server import ClientSelector
+from lightning_fl.server.selection import ClientSelector
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import SetupContext
 
 __all__ = ["ActiveSelector"]
 
@@ -72,8 +72,8 @@ class ActiveSelector(ClientSelector):
         self.total_samples = 0
 
     @override
-    def setup(self, loop: FederatedLoop) -> None:
-        self.total_samples = sum(loop.datamodule.num_train_samples(k) for k in range(loop.num_clients))
+    def setup(self, ctx: SetupContext) -> None:
+        self.total_samples = sum(ctx.spec.num_train_samples)
 
     @override
     def observe(self, updates: Sequence[ClientUpdate]) -> None:
