@@ -29,8 +29,8 @@ from collections.abc import Callable
 import torch
 
 from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier
-from lightning_fl.defences import FedBoosting, PaillierEncryption, SecureFedAvg
-from lightning_fl.server import Aggregator
+from lightning_fl.defences import PaillierEncryption, SecureFedAvg
+from lightning_fl.server import Aggregator, FedBoosting
 from lightning_fl.transforms import ClientTransform
 
 

@@ -29,7 +29,9 @@ def _fixed_global_seed() -> None:
     torch.manual_seed(0)
 
 
-def plugin_context(global_state: dict | None = None, *, client_id: int = 0, num_clients: int = 2, clients_per_round: int = 2):
+def plugin_context(
+    global_state: dict | None = None, *, client_id: int = 0, num_clients: int = 2, clients_per_round: int = 2
+):
     """A :class:`ClientContext` for calling one plug-in (transform, aggregator) on its own, outside a loop."""
     from lightning_fl.federation import ClientContext, FederationSpec
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fl.federation.contexts import ClientContext, ClientState, derive_seed
+from lightning_fl.federation.contexts import ClientContext, ClientState, FederationSpec, derive_seed
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import load_state_into, private_state, public_state, reset_private_state
@@ -47,10 +47,8 @@ class ClientRunner:
     Args:
         model: the global model; the worker is a copy of it, built once.
         datamodule: the federated data.
+        spec: the run's shape (local epochs or steps, the master seed).
         trainer_options: options of each client's Trainer (see :func:`.trainers.trainer_options`).
-        local_epochs: local epochs per fit (ignored with ``local_steps``).
-        local_steps: local optimiser steps per fit, or ``None``.
-        seed: the master seed.
         train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
     """
 
@@ -58,15 +56,13 @@ class ClientRunner:
         self,
         model: L.LightningModule,
         datamodule: FederatedDataModule,
+        spec: FederationSpec,
         *,
         trainer_options: dict[str, Any],
-        local_epochs: int,
-        local_steps: int | None,
-        seed: int,
         train_loss_key: str = "train_loss",
     ) -> None:
         self.global_model, self.datamodule, self.trainer_options = model, datamodule, trainer_options
-        self.local_epochs, self.local_steps, self.seed = local_epochs, local_steps, seed
+        self.local_epochs, self.local_steps, self.seed = spec.local_epochs, spec.local_steps, spec.seed
         self.train_loss_key = train_loss_key
         self.states = [ClientState(k) for k in range(datamodule.num_clients)]
         self.initial_private = {k: v.detach().clone() for k, v in private_state(model).items()}

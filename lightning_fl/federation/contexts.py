@@ -84,6 +84,7 @@ class FederationSpec:
         local_epochs: int,
         local_steps: int | None,
         seed: int,
+        min_clients: int = 1,
     ) -> FederationSpec:
         """The spec of a run of ``model`` on ``datamodule`` (set up), validating the loop's settings.
 
@@ -99,9 +100,14 @@ class FederationSpec:
         from lightning_fl.private import public_state
 
         num_clients = datamodule.num_clients
+        per_round = _resolve_clients_per_round(clients_per_round, num_clients)
+        if not 1 <= min_clients <= per_round:
+            raise ValueError(
+                f"loop.min_clients={min_clients} must be between 1 and loop.clients_per_round ({per_round})."
+            )
         return cls(
             num_clients=num_clients,
-            clients_per_round=_resolve_clients_per_round(clients_per_round, num_clients),
+            clients_per_round=per_round,
             num_rounds=num_rounds,
             local_epochs=None if local_steps else local_epochs,
             local_steps=local_steps,
@@ -248,3 +254,17 @@ class SetupContext:
     aggregator: Any = field(default=None, repr=False)
     server_transforms: tuple[Any, ...] = field(default=(), repr=False)
     metrics_sink: Callable[[dict[str, float]], None] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, loop: Any) -> SetupContext:
+        """The setup context of a :class:`~lightning_fl.federation.FederatedLoop`."""
+        return cls(
+            spec=loop.spec,
+            datamodule=loop.datamodule,
+            clients=tuple(loop.clients),
+            global_model=loop.global_model,
+            trainer_options=loop.runner.trainer_options,
+            aggregator=loop.aggregator,
+            server_transforms=tuple(loop.server_transforms),
+            metrics_sink=loop.recorder.log_metrics,
+        )

@@ -23,6 +23,7 @@ from lightning_fl.private import load_state_into, public_state
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.datamodules.federated import FederatedDataModule
+    from lightning_fl.federation.contexts import FederationSpec
 
 __all__ = ["GradientRelease", "LeakPoints", "LocalGradientSource", "LocalGradientTap"]
 
@@ -65,7 +66,7 @@ class LeakPoints:
         callbacks: the federated callbacks.
         global_model: the global model; views hold fresh copies of it with the public state they refer to.
         datamodule: the federated data (ground truth and public data facts).
-        local_epochs: reported in the views' metadata (``None`` with local steps).
+        spec: the run's shape (its local epochs go into the views' metadata).
     """
 
     def __init__(
@@ -75,10 +76,10 @@ class LeakPoints:
         *,
         global_model: L.LightningModule,
         datamodule: FederatedDataModule,
-        local_epochs: int | None,
+        spec: FederationSpec,
     ) -> None:
         self.loop, self.callbacks, self.global_model = loop, callbacks, global_model
-        self.datamodule, self.local_epochs = datamodule, local_epochs
+        self.datamodule, self.local_epochs = datamodule, spec.local_epochs
 
     def listeners(self, hook: str) -> list[FederatedCallback]:
         """Callbacks that implement ``hook`` and listen to it (:meth:`FederatedCallback.listens_to`)."""
@@ -89,6 +90,24 @@ class LeakPoints:
             for cb in self.callbacks
             if cb.listens_to(hook) and getattr(type(cb), hook) is not getattr(FederatedCallback, hook)
         ]
+
+    def with_tap(self, callbacks: Sequence[L.Callback], *, round_idx: int, client_id: int) -> list[L.Callback]:
+        """A client's Trainer callbacks, plus the type-2 tap when a callback listens at ``local_gradient``.
+
+        A :class:`LocalGradientSource` among ``callbacks`` (a DP optimiser) releases its noised gradient itself;
+        the default tap then stays off.
+        """
+        callbacks = list(callbacks)
+        if not self.listeners("on_local_gradient"):
+            return callbacks
+
+        def release(model: L.LightningModule, grads: dict[str, Tensor], batch: Any, opt: Any) -> None:
+            self.local_gradient(round_idx, client_id, model, grads, batch, opt)
+
+        sources = [cb for cb in callbacks if isinstance(cb, LocalGradientSource)]
+        for source in sources:
+            source.release = release
+        return callbacks if sources else [*callbacks, LocalGradientTap(release)]
 
     def attacker_model(self, state: dict[str, Tensor] | None = None) -> L.LightningModule:
         """A fresh copy of the global model as the server knows it, with ``state`` (public) loaded.

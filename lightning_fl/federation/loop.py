@@ -1,30 +1,21 @@
 """FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
 
-Each selected client trains a local copy of the global model with its own ``lightning.Trainer`` (any
-accelerator, strategy or precision) and returns a :class:`~lightning_fl.messages.ClientUpdate` of public
-tensors. The loop only orchestrates; the parts are :class:`~lightning_fl.federation.client_runner.ClientRunner`
-(client side), :class:`~lightning_fl.federation.leak_points.LeakPoints`,
-:class:`~lightning_fl.federation.evaluation.Evaluator`, :class:`~lightning_fl.federation.checkpoint.Checkpoint`
-and :class:`~lightning_fl.federation.recording.RunRecorder`. Plug-ins receive narrow contexts
-(:mod:`lightning_fl.federation.contexts`), never the loop; FL callbacks receive the loop, as Lightning callbacks
-receive the Trainer. See docs/architecture.md.
-
-Determinism and resume: every random stream of a round (selection, each client's shuffling and dropout, each
-transform's noise) is seeded from ``(seed, round_idx, purpose)``, so a run resumed from the checkpoint of
-round r continues exactly as the uninterrupted run.
+The loop only orchestrates: clients train in the :class:`ClientRunner`, views are built by :class:`LeakPoints`,
+and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow
+contexts (:mod:`lightning_fl.federation.contexts`); FL callbacks receive the loop, as Lightning callbacks receive
+the Trainer. Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues
+exactly as the uninterrupted one. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
@@ -34,13 +25,13 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
-from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
 from lightning_fl.federation.evaluation import Evaluator
-from lightning_fl.federation.leak_points import LeakPoints, LocalGradientSource, LocalGradientTap
+from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.trainers import quiet_lightning, trainer_options
-from lightning_fl.federation.updates import Downlink, check_update
+from lightning_fl.federation.updates import Downlink, check_aggregate, check_update, decode_aggregate
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
@@ -59,9 +50,8 @@ class FederatedLoop:
             Modules marked private (see :mod:`lightning_fl.private`) stay on the clients.
         datamodule: the federated data.
         num_rounds: number of communication rounds T.
-        clients_per_round: clients selected per round: an int K, or a fraction C in (0, 1] of the clients.
-        local_epochs: local epochs E per client fit (ignored when ``local_steps`` is set).
-        local_steps: local optimiser steps per client fit instead of epochs.
+        clients_per_round: clients per round: an int K, or a fraction C in (0, 1] of the clients.
+        local_epochs: local epochs E per client fit; local_steps: optimiser steps instead of epochs.
         defences: defence bundles; each adds its model layers (applied to ``model`` now), client callbacks,
             transforms, aggregator or selector to the stages below (see :class:`~lightning_fl.defences.Defence`).
         selector: client selection strategy (uniform by default).
@@ -73,14 +63,13 @@ class FederatedLoop:
         client_callbacks: Lightning callbacks added to every client's Trainer.
         trainer: options for each client's ``lightning.Trainer`` (``accelerator``, ``devices``, ``strategy``,
             ``precision``, ...); logging, checkpointing and the per-client progress bar are off unless given.
-        loggers: Lightning loggers at the loop level, stepped by round. A CSV logger is always added.
-        wandb_project: if set, also log to Weights & Biases under this project.
-        wandb_mode: ``offline`` (default: no network, sync later with ``wandb sync``), ``online`` or ``disabled``.
+        loggers: Lightning loggers stepped by round (a CSV logger is always added); wandb_project and
+            wandb_mode (``offline`` by default) add Weights & Biases.
         eval_every: evaluate every this many rounds (and always after the last); 0 disables.
         eval_on: ``global`` evaluates the global model; ``clients`` averages the accuracy of each trained
             client's own model (global public state + its private layers), as personalised defences need.
-        eval_metric: the name the model logs in ``test_step`` that is reported as ``test_accuracy``.
-        train_loss_key: the name the model logs in ``training_step`` that is reported as ``train_loss``.
+        eval_metric: the name the model logs in ``test_step`` (reported as ``test_accuracy``); train_loss_key:
+            the one it logs in ``training_step`` (reported as ``train_loss``).
         min_clients: a round fails with an error when fewer valid updates than this remain.
         output_dir: run directory for ``summary.json``, checkpoints, logs and attack images.
         checkpoint: write a checkpoint after every round (needed for ``resume``).
@@ -134,13 +123,9 @@ class FederatedLoop:
             local_epochs=local_epochs,
             local_steps=local_steps,
             seed=seed,
+            min_clients=min_clients,
         )
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
-        if not 1 <= min_clients <= self.clients_per_round:
-            raise ValueError(
-                f"loop.min_clients={min_clients} must be between 1 and loop.clients_per_round "
-                f"({self.clients_per_round})."
-            )
         options = trainer_options(trainer)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
         self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
@@ -158,22 +143,11 @@ class FederatedLoop:
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
-        self.runner = ClientRunner(
-            model,
-            datamodule,
-            trainer_options=options,
-            local_epochs=local_epochs,
-            local_steps=local_steps,
-            seed=seed,
-            train_loss_key=train_loss_key,
-        )
-        self.leaks = LeakPoints(
-            self, self.callbacks, global_model=model, datamodule=datamodule, local_epochs=self.spec.local_epochs
-        )
+        self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
+        self.leaks = LeakPoints(self, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)
         self.round_idx = 0
 
-    # -- what FL callbacks read --------------------------------------------------------------------------
     @property
     def clients(self) -> list[Any]:
         """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
@@ -195,23 +169,6 @@ class FederatedLoop:
         """The :class:`RoundContext` of the current round."""
         return RoundContext(self.spec, self.round_idx, self.global_public_state(), self.recorder.log_metrics)
 
-    def client_context(self, client_id: int) -> ClientContext:
-        """The :class:`ClientContext` of ``client_id`` in the current round (client side)."""
-        return self.runner.context(self.round_context(), client_id)
-
-    def setup_context(self) -> SetupContext:
-        """What components see in ``setup``: the run's shape and parts."""
-        return SetupContext(
-            spec=self.spec,
-            datamodule=self.datamodule,
-            clients=tuple(self.clients),
-            global_model=self.global_model,
-            trainer_options=self.runner.trainer_options,
-            aggregator=self.aggregator,
-            server_transforms=tuple(self.server_transforms),
-            metrics_sink=self.recorder.log_metrics,
-        )
-
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's history entry (and the loggers), e.g. ``{"epsilon": 1.2}``."""
         self.recorder.log_metrics(metrics)
@@ -224,14 +181,14 @@ class FederatedLoop:
         """Stop after the current round (used by the privacy-budget callback)."""
         self.recorder.stop_reason = reason
 
-    # -- one client ----------------------------------------------------------------------------------------
     def _run_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         for cb in self.callbacks:
             cb.on_client_fit_start(self, client_id)
         ctx = self.runner.context(round_ctx, client_id)
         received = self.downlink.send(ctx)
         try:
-            update = self.runner.fit(ctx, received, callbacks=self._client_callbacks(client_id))
+            callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=client_id)
+            update = self.runner.fit(ctx, received, callbacks=callbacks)
             for cb in self.callbacks:
                 cb.on_client_fit_end(self, update)
             for transform in self.client_transforms:
@@ -247,23 +204,6 @@ class FederatedLoop:
         self.leaks.client_update(update, received)
         return update
 
-    def _client_callbacks(self, client_id: int) -> list[L.Callback]:
-        callbacks = list(self.client_callbacks)
-        if not self.leaks.listeners("on_local_gradient"):
-            return callbacks
-        release = self.release_local_gradient(client_id)
-        sources = [cb for cb in callbacks if isinstance(cb, LocalGradientSource)]
-        for source in sources:  # a DP optimiser releases its noised gradient itself: the tap stays off
-            source.release = release
-        return callbacks if sources else [*callbacks, LocalGradientTap(release)]
-
-    def release_local_gradient(self, client_id: int) -> Any:
-        """``release(model, gradients, batch, optimizer)`` of client ``client_id``: the type-2 leak point."""
-        return lambda model, grads, batch, opt: self.leaks.local_gradient(
-            self.round_idx, client_id, model, grads, batch, opt
-        )
-
-    # -- one round -----------------------------------------------------------------------------------------
     def run_round(self) -> dict[str, Any]:
         """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
         self.recorder.round_metrics = {}
@@ -288,35 +228,18 @@ class FederatedLoop:
         aggregate, metrics = self.aggregator.aggregate(updates, ctx=ctx)
         self.log_metrics(metrics)
         decoder = self.runner.context(ctx, updates[0].client_id)  # any participating client holds the keys
-        for transform in reversed(self.client_transforms):  # client side, after aggregation: decrypt
-            aggregate = transform.decode_aggregate(aggregate, ctx=decoder)
-        if not isinstance(aggregate, dict):
-            raise TypeError(
-                f"loop.aggregator={type(self.aggregator).__name__} returned a {type(aggregate).__name__} that no "
-                "client transform decoded; add the matching client transform (e.g. PaillierEncryption)."
-            )
-        delta = readable = aggregate
+        delta = readable = decode_aggregate(aggregate, self.client_transforms, ctx=decoder, source=self.aggregator)
         if updates[0].payload is not None:  # the server itself reads only the plaintext part of an encoded one
             readable = {k: v for k, v in delta.items() if all(k in u.delta for u in updates)}
         for transform in self.server_transforms:
             delta = transform(delta, ctx=ctx)
-        bad = [k for k, v in delta.items() if not torch.isfinite(v).all()]
-        if bad:
-            raise RuntimeError(
-                f"round {self.round_idx}: the aggregate has non-finite values in {bad[:3]}; "
-                "the global model was left unchanged."
-            )
+        check_aggregate(delta, round_idx=self.round_idx)
         global_state = self.global_public_state()
         self.leaks.aggregate(updates, global_state=global_state, readable=readable)
         with torch.no_grad():
             for key, value in delta.items():
                 global_state[key].add_(value.to(global_state[key].dtype))
-        losses = [u.loss for u in updates if math.isfinite(u.loss)]
-        entry: dict[str, Any] = {
-            "round": self.round_idx,
-            "clients": [u.client_id for u in updates],
-            "train_loss": float(np.mean(losses)) if losses else None,
-        }
+        entry = self.recorder.new_entry(self.round_idx, updates)
         if self.evaluator.due(self.round_idx, self.num_rounds):
             entry["test_accuracy"] = self.evaluate()
         entry.update(self.recorder.round_metrics)
@@ -330,26 +253,11 @@ class FederatedLoop:
             self.global_model, loader, worker=self.runner.worker, clients=self.clients, public=public
         )
 
-    # -- checkpoints ------------------------------------------------------------------------------------
     def components(self) -> list[Any]:
         """The stateful server-side parts, in checkpoint order."""
-        return [
-            self.selector,
-            self.aggregator,
-            *self.client_transforms,
-            *self.server_transforms,
-            *self.broadcast_transforms,
-        ]
+        transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
+        return [self.selector, self.aggregator, *transforms]
 
-    def save_checkpoint(self, touched: Sequence[int] = ()) -> None:
-        """Write the server checkpoint (public state only) and the state of the clients in ``touched``."""
-        self.checkpoint.save_run(self, touched)
-
-    def load_checkpoint(self) -> bool:
-        """Restore the last completed round; False when there is no checkpoint."""
-        return self.checkpoint.restore_run(self)
-
-    # -- the run -----------------------------------------------------------------------------------------------
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last checkpointed round.
 
@@ -359,11 +267,11 @@ class FederatedLoop:
         from rich.progress import Progress
 
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        if resume and self.load_checkpoint():
+        if resume and self.checkpoint.restore_run(self):
             log.info("resumed after round %d", self.round_idx - 1)
         self.recorder.stop_reason = None
         self.recorder.start()
-        setup = self.setup_context()
+        setup = SetupContext.of(self)
         for component in self.components():
             component.setup(setup)
         for cb in self.callbacks:
@@ -377,7 +285,7 @@ class FederatedLoop:
                     cb.on_round_end(self, self.round_idx, entry)
                 self.round_idx += 1
                 if self.checkpoint.enabled:
-                    self.save_checkpoint(touched=entry["clients"])
+                    self.checkpoint.save_run(self, touched=entry["clients"])
                 self.recorder.write_summary()
                 acc = entry.get("test_accuracy")
                 progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from lightning.pytorch.loggers import CSVLogger, Logger
+
+from lightning_fl.messages import ClientUpdate
 
 __all__ = ["RunRecorder"]
 
@@ -59,6 +63,16 @@ class RunRecorder:
         self.loggers.extend(self._extra_loggers)
         for entry in self.history:
             self._log_entry(entry)
+
+    @staticmethod
+    def new_entry(round_idx: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
+        """A round's history entry: who trained and their mean training loss (``None`` when none was logged)."""
+        losses = [u.loss for u in updates if math.isfinite(u.loss)]
+        return {
+            "round": round_idx,
+            "clients": [u.client_id for u in updates],
+            "train_loss": float(np.mean(losses)) if losses else None,
+        }
 
     def end_round(self, entry: dict[str, Any]) -> None:
         """Append a finished round's entry to the history and the loggers."""

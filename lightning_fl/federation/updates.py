@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -13,9 +13,9 @@ from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
     from lightning_fl.federation.contexts import ClientContext
-    from lightning_fl.transforms import BroadcastTransform
+    from lightning_fl.transforms import BroadcastTransform, ClientTransform
 
-__all__ = ["Downlink", "check_update"]
+__all__ = ["Downlink", "check_aggregate", "check_update", "decode_aggregate"]
 
 
 def check_update(update: ClientUpdate, expected: Mapping[str, Tensor]) -> str | None:
@@ -40,6 +40,35 @@ def check_update(update: ClientUpdate, expected: Mapping[str, Tensor]) -> str | 
     if not (update.num_samples > 0):
         return f"num_samples={update.num_samples} is not positive"
     return None
+
+
+def decode_aggregate(aggregate: Any, transforms: Sequence[ClientTransform], *, ctx: ClientContext, source: Any) -> dict:
+    """Client side, after aggregation: the client transforms, in reverse order, decode the aggregate (decrypt).
+
+    Raises:
+        TypeError: if what ``source`` (the aggregator) returned is still not a dict of tensors afterwards.
+    """
+    for transform in reversed(transforms):
+        aggregate = transform.decode_aggregate(aggregate, ctx=ctx)
+    if not isinstance(aggregate, dict):
+        raise TypeError(
+            f"loop.aggregator={type(source).__name__} returned a {type(aggregate).__name__} that no client "
+            "transform decoded; add the matching client transform (e.g. PaillierEncryption)."
+        )
+    return aggregate
+
+
+def check_aggregate(delta: Mapping[str, Tensor], *, round_idx: int) -> None:
+    """Refuse an aggregate with non-finite values before it reaches the global model.
+
+    Raises:
+        RuntimeError: naming the first such tensors.
+    """
+    bad = [k for k, v in delta.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise RuntimeError(
+            f"round {round_idx}: the aggregate has non-finite values in {bad[:3]}; the global model was left unchanged."
+        )
 
 
 class Downlink:

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from lightning_fl.server import ActiveSelector
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.server import ActiveSelector
 
 VALUES = {k: float(k) for k in range(8)}  # client k has valuation k
 

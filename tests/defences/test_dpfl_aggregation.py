@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lightning_fl.server import DPFLAggregator
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.server import DPFLAggregator
 from tests.conftest import plugin_context
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop, SetupContext
 from lightning_fl.callbacks import PrivacyBudget
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import DownlinkNoise, DualDP, DualDPFL
-from lightning_fl import FederatedLoop
 from lightning_fl.privacy import PrivacyAccountant
 from tests.conftest import make_classifier
 
@@ -47,9 +47,10 @@ def test_sigma_is_calibrated_so_every_client_ends_within_the_budget(tmp_path: Pa
 def test_downlink_noise_is_independent_per_client_or_shared(tmp_path: Path, mode: str, distinct: bool) -> None:
     loop = _loop(tmp_path, [], [])
     noise = DownlinkNoise(sensitivity=1.0, noise_multiplier=2.0, mode=mode)
-    noise.setup(loop.setup_context())
+    noise.setup(SetupContext.of(loop))
     state = {k: torch.zeros_like(v) for k, v in loop.global_public_state().items()}
-    a, b = noise(state, ctx=loop.client_context(0)), noise(state, ctx=loop.client_context(1))
+    ctx = loop.round_context()
+    a, b = noise(state, ctx=loop.runner.context(ctx, 0)), noise(state, ctx=loop.runner.context(ctx, 1))
     assert (not torch.equal(a["backbone.fc.weight"], b["backbone.fc.weight"])) == distinct
     assert a["backbone.fc.weight"].std() == pytest.approx(2.0 / 2**0.5, rel=0.1)  # sigma S / sqrt(U), U = 2
 
@@ -57,7 +58,7 @@ def test_downlink_noise_is_independent_per_client_or_shared(tmp_path: Path, mode
 def test_no_downlink_noise_leaves_the_state_alone(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
     state = loop.global_public_state()
-    assert DownlinkNoise(mode="none")(state, ctx=loop.client_context(0)) is state
+    assert DownlinkNoise(mode="none")(state, ctx=loop.runner.context(loop.round_context(), 0)) is state
 
 
 def test_training_stops_when_the_budget_is_spent_never_after(tmp_path: Path) -> None:
@@ -85,4 +86,4 @@ def test_downlink_noise_rejects_bad_settings(kwargs: dict, match: str) -> None:
 def test_downlink_noise_without_sigma_says_what_to_add(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
     with pytest.raises(ValueError, match="use the DualDPFL defence"):
-        DownlinkNoise().setup(loop.setup_context())
+        DownlinkNoise().setup(SetupContext.of(loop))

@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 
 from lightning_fl import FedAvg, RoundContext
+from lightning_fl.defences.secure_aggregation import KEY_FIELD
+from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.fedboosting import (
     ClientLink,
     FedBoosting,
@@ -18,8 +20,6 @@ from lightning_fl.server.fedboosting import (
     integer_weights,
     reference_weights,
 )
-from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate
-from lightning_fl.messages import ClientUpdate
 from tests.defences.he_helpers import assert_holds_no_private_key, digits, he_transform, run_loop
 
 T = torch.tensor([1.0, 2.0])

@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
+from lightning_fl import FederatedLoop
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.cli import main
 from lightning_fl.defences import GaussianNoise, GradientPruning, PrivateFineTuning
-from lightning_fl import FederatedLoop
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from lightning_fl.private import private_state
 from tests.defences.leakage import defended_model, digits

@@ -11,13 +11,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_fl import FederatedLoop
 from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import FederatedCallback, GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import ClientDPSGD, FedCDP, FedSDP, PerExampleDP
-from lightning_fl import FederatedLoop
+from lightning_fl.defences import ClientDPSGD, Defence, FedCDP, FedSDP, PerExampleDP
 from lightning_fl.privacy import PrivacyAccountant, Schedule
-from lightning_fl.defences import Defence
 from lightning_fl.server import FedAvg
 from tests.conftest import make_classifier, one_step_attack_loop
 
@@ -126,7 +125,13 @@ def _loop(tmp_path: Path, parts: list, *, num_rounds: int = 2, **kwargs) -> Fede
     defences = [p for p in parts if isinstance(p, Defence)]
     callbacks = [p for p in parts if not isinstance(p, Defence)]
     return FederatedLoop(
-        make_classifier(dm), dm, num_rounds=num_rounds, defences=defences, callbacks=callbacks, output_dir=tmp_path, **options
+        make_classifier(dm),
+        dm,
+        num_rounds=num_rounds,
+        defences=defences,
+        callbacks=callbacks,
+        output_dir=tmp_path,
+        **options,
     )
 
 
@@ -146,7 +151,9 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
     accountant.load_state_dict(extra[ClientDPSGD.extra_key])
     times = sum(sorted(trained)[0] in h["clients"] for h in full["history"])
     assert accountant.history == [(1.0, 16 / resumed_loop.datamodule.num_train_samples(sorted(trained)[0]), 3 * times)]
-    worker = resumed_loop.runner.worker  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
+    worker = (
+        resumed_loop.runner.worker
+    )  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
     assert not any(m._forward_hooks or m._backward_hooks for m in worker.modules())
     assert not any(hasattr(p, "grad_sample") for p in worker.parameters())
     server = torch.load(tmp_path / "full" / "checkpoints" / "server.pt", weights_only=True)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
 from lightning_fl.defences.pogz import ALLOCATIONS
-from lightning_fl import FederatedLoop
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
 

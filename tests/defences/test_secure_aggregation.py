@@ -7,11 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from torch import Tensor
 
 from lightning_fl import FedAvg, FederatedCallback, FederatedLoop, RoundContext
 from lightning_fl.defences.paillier import encrypt_tensors, generate_keypair
-from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate, SecureFedAvg
+from lightning_fl.defences.secure_aggregation import KEY_FIELD, SecureFedAvg
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from tests.conftest import make_classifier, plugin_context
 from tests.defences.he_helpers import KEY_SIZE, assert_holds_no_private_key, digits, he_transform, run_loop

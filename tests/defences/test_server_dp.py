@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedSDP, FedSDPServerNoise
-from lightning_fl import FederatedLoop
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server import FedAvg
 from tests.conftest import make_classifier, plugin_context
@@ -24,7 +24,9 @@ def test_fed_sdp_noise_has_std_sigma_c_per_coordinate_around_the_clipped_update(
 
 
 def test_server_variant_adds_one_draw_divided_by_clients_per_round() -> None:
-    noisy = FedSDPServerNoise(noise_multiplier=0.5, max_grad_norm=2.0)({"w": torch.zeros(200_000)}, ctx=plugin_context(num_clients=20))
+    noisy = FedSDPServerNoise(noise_multiplier=0.5, max_grad_norm=2.0)(
+        {"w": torch.zeros(200_000)}, ctx=plugin_context(num_clients=20)
+    )
     assert noisy["w"].std() == pytest.approx(0.5 * 2.0 / 2, rel=0.01)
 
 
