@@ -45,7 +45,7 @@ __all__ = ["ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP"]
 Clipping = Literal["per_layer", "flat"]
 NoiseScaling = Literal["paper", "authors"]
 AccountingNoise = Literal["nominal", "effective"]
-AccountingScope = Literal["client", "paper"]
+AccountingScope = Literal["per_client", "federation"]
 Release = Callable[[L.LightningModule, dict[str, torch.Tensor], Any, Any], None]
 
 _OPACUS_PARAM_ATTRS = ("grad_sample", "summed_grad", "_forward_counter")
@@ -241,9 +241,9 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     with the server). After each client's fit, epsilon (the worst case over all clients so far) is logged
     as ``epsilon`` in the round's history and the clip bound as ``clip_bound``.
 
-    Accounting (``accounting``): ``client`` records, per client, its local steps at sample rate
+    Accounting (``accounting``): ``per_client`` records, per client, its local steps at sample rate
     :math:`q_k = B/n_k`, only in rounds where it trains (instance-level DP of each client's data; no
-    amplification by client sampling is claimed). ``paper`` reproduces Fed-CDP's Sec. IV-B: one federation
+    amplification by client sampling is claimed). ``federation`` reproduces Fed-CDP's Sec. IV-B: one federation
     accountant with :math:`q = B\,K_t/N` (N: all training samples) and L local steps every round
     (Table VI's numbers then follow with ``steps_offset=1``, the authors' off-by-one, spec B7/B12-4).
 
@@ -256,8 +256,8 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         accountant: ``rdp`` (default) or ``prv``.
         conversion: ``improved`` (Opacus) or ``classic`` (old TensorFlow Privacy, as Fed-CDP's Table VI).
         accounting_noise: ``nominal`` or ``effective`` (see :class:`PerExampleDP`).
-        accounting: ``client`` or ``paper`` (above).
-        steps_offset: extra steps counted once at the start with ``accounting="paper"`` (1 reproduces Table VI).
+        accounting: ``per_client`` or ``federation`` (above).
+        steps_offset: extra steps counted once at the start with ``accounting="federation"`` (1 reproduces Table VI).
 
     Raises:
         ValueError: on an unknown option or a bad number (named in the message).
@@ -276,11 +276,13 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         accountant: AccountantName = "rdp",
         conversion: Conversion = "improved",
         accounting_noise: AccountingNoise = "nominal",
-        accounting: AccountingScope = "client",
+        accounting: AccountingScope = "per_client",
         steps_offset: int = 0,
     ) -> None:
-        if accounting not in ("client", "paper"):
-            raise ValueError(f"{type(self).__name__}(accounting={accounting!r}) is unknown; use 'client' or 'paper'.")
+        if accounting not in ("per_client", "federation"):
+            raise ValueError(
+                f"{type(self).__name__}(accounting={accounting!r}) is unknown; use 'per_client' or 'federation'."
+            )
         if not 0 < delta < 1:
             raise ValueError(f"{type(self).__name__}(delta={delta}) must be in (0, 1).")
         if steps_offset < 0:
@@ -344,7 +346,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         self._num_tensors = sum(1 for p in loop.global_model.parameters() if p.requires_grad)
         self._client_extra = {c.client_id: c.extra for c in loop.clients}
         spec = loop.spec
-        if self.accounting == "paper" and not self.federation_accountant.history and self.steps_offset:
+        if self.accounting == "federation" and not self.federation_accountant.history and self.steps_offset:
             self.federation_accountant.step(
                 noise_multiplier=self._step_multiplier(spec, 0),
                 sample_rate=self._paper_sample_rate(spec),
@@ -358,7 +360,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
 
     @override
     def on_round_start(self, loop: FederatedLoop, round_idx: int, selected: list[int]) -> None:
-        if self.accounting == "paper":
+        if self.accounting == "federation":
             self.federation_accountant.step(
                 noise_multiplier=self._step_multiplier(loop.spec, selected[0]),
                 sample_rate=self._paper_sample_rate(loop.spec),
@@ -390,13 +392,13 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     # -- ledger ----------------------------------------------------------------------------------------------
     @override
     def epsilon_spent(self) -> float:
-        if self.accounting == "paper":
+        if self.accounting == "federation":
             return self.federation_accountant.get_epsilon(self.delta)
         return max(self._epsilons.values(), default=0.0)
 
     @override
     def epsilon_projected(self, spec: FederationSpec) -> float:
-        if self.accounting == "paper":
+        if self.accounting == "federation":
             return self.federation_accountant.epsilon_after(
                 delta=self.delta,
                 noise_multiplier=self._step_multiplier(spec, 0),
@@ -437,8 +439,8 @@ class FedCDP(ClientDPSGD):
         delta: target delta.
         accountant: ``rdp`` or ``prv``.
         conversion: ``improved`` or ``classic``.
-        accounting: ``client`` or ``paper`` (see :class:`ClientDPSGD`).
-        steps_offset: Table VI's off-by-one with ``accounting="paper"``.
+        accounting: ``per_client`` or ``federation`` (see :class:`ClientDPSGD`).
+        steps_offset: Table VI's off-by-one with ``accounting="federation"``.
     """
 
     def __init__(
@@ -450,7 +452,7 @@ class FedCDP(ClientDPSGD):
         delta: float = 1e-5,
         accountant: AccountantName = "rdp",
         conversion: Conversion = "improved",
-        accounting: AccountingScope = "client",
+        accounting: AccountingScope = "per_client",
         steps_offset: int = 0,
     ) -> None:
         super().__init__(

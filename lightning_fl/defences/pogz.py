@@ -6,10 +6,11 @@ Each client measures PoGZ, the share of positive pre-activation outputs of every
 data (Eq. 1), splits its budget epsilon over the layers in proportion (Eq. 3), clips its update in L1 (Eq. 2)
 and adds Laplace noise of scale Delta f / epsilon_i to layer i (Eq. 4).
 
-Faithful and sound forms (the paper's formula quirks, spec A.2): ``sensitivity="paper"`` uses
-:math:`\\Delta f = 2\\eta\\alpha` as Theorem 1 states, ``"delta"`` the sound :math:`2\\alpha` for an update
+The paper's formula quirks (spec A.2) are named options: ``sensitivity="two_eta_alpha"`` uses
+:math:`\\Delta f = 2\\eta\\alpha` as Theorem 1 states, ``"two_alpha"`` the sound :math:`2\\alpha` for an update
 clipped to L1 norm alpha; ``allocation="pogz"`` is Eq. 3 as written (more budget, so less noise, to layers
-with a higher PoGZ), although the contribution list says the opposite (``"inverse"``). Faithful by default.
+with a higher PoGZ), although the contribution list says the opposite (``"inverse"``). The paper's forms are
+the defaults.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 Allocation = Literal["pogz", "even", "inverse"]
-SensitivityMode = Literal["paper", "delta"]
+SensitivityMode = Literal["two_eta_alpha", "two_alpha"]
 
 ALLOCATIONS = {
     "pogz": lambda scores: list(scores),
@@ -225,8 +226,10 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         epsilon: per-upload budget :math:`\epsilon` of each client (paper: 0.5, 1, 5, 10).
         clip_bound: L1 clip bound :math:`\alpha` of the whole update (not reported in the paper, spec A.6-1).
         allocation: ``pogz`` (Eq. 3), ``even`` (baseline) or ``inverse`` (ablation).
-        sensitivity: ``paper`` (:math:`2\eta\alpha`, Theorem 1; faithful) or ``delta`` (:math:`2\alpha`; sound).
-        lr: :math:`\eta` of the ``paper`` sensitivity; ``None`` takes the client's learning rate from the update.
+        sensitivity: ``two_eta_alpha`` (:math:`2\eta\alpha`, Theorem 1 as printed) or ``two_alpha``
+            (:math:`2\alpha`, the sensitivity of an update clipped to L1 norm alpha).
+        lr: :math:`\eta` of the ``two_eta_alpha`` sensitivity; ``None`` takes the client's learning rate from
+            the update.
 
     Raises:
         ValueError: on a non-positive epsilon or clip bound, or an unknown option.
@@ -240,7 +243,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         epsilon: float = 1.0,
         clip_bound: float = 10.0,
         allocation: Allocation = "pogz",
-        sensitivity: SensitivityMode = "paper",
+        sensitivity: SensitivityMode = "two_eta_alpha",
         lr: float | None = None,
     ) -> None:
         if epsilon <= 0:
@@ -249,8 +252,8 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
             raise ValueError(f"PoGZNoise(clip_bound={clip_bound}) must be > 0; it is the L1 bound alpha of Eq. 2.")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"PoGZNoise(allocation={allocation!r}) is unknown; use one of {sorted(ALLOCATIONS)}.")
-        if sensitivity not in ("paper", "delta"):
-            raise ValueError(f"PoGZNoise(sensitivity={sensitivity!r}) is unknown; use 'paper' or 'delta'.")
+        if sensitivity not in ("two_eta_alpha", "two_alpha"):
+            raise ValueError(f"PoGZNoise(sensitivity={sensitivity!r}) is unknown; use 'two_eta_alpha' or 'two_alpha'.")
         self.epsilon, self.clip_bound, self.allocation = epsilon, clip_bound, allocation
         self.sensitivity_mode, self.lr = sensitivity, lr
         self._uploads: dict[int, int] = {}
@@ -260,12 +263,14 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         self._uploads = {c.client_id: int(c.extra.get(self.extra_uploads, 0)) for c in ctx.clients}
 
     def sensitivity(self, lr: float | None) -> float:
-        r""":math:`\Delta f`: :math:`2\eta\alpha` (``paper``) or :math:`2\alpha` (``delta``)."""
-        if self.sensitivity_mode == "delta":
+        r""":math:`\Delta f`: :math:`2\eta\alpha` (``two_eta_alpha``) or :math:`2\alpha` (``two_alpha``)."""
+        if self.sensitivity_mode == "two_alpha":
             return 2.0 * self.clip_bound
         eta = self.lr if self.lr is not None else lr
         if eta is None:
-            raise ValueError("PoGZNoise(sensitivity='paper') needs the learning rate eta: set PoGZNoise(lr=...).")
+            raise ValueError(
+                "PoGZNoise(sensitivity='two_eta_alpha') needs the learning rate eta: set PoGZNoise(lr=...)."
+            )
         return 2.0 * eta * self.clip_bound
 
     @override

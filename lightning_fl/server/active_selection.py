@@ -28,7 +28,7 @@ class ActiveSelector(ClientSelector):
     n the samples of all K clients; clients not selected keep their stale value. Round 0 (no valuations yet)
     selects uniformly, as the paper says.
 
-    ``loss_form="faithful"`` uses Alg. 2's Loss: the sum of batch-mean losses over all local steps divided by
+    ``loss_form="sum_over_steps"`` uses Alg. 2's Loss: the sum of batch-mean losses over all local steps divided by
     the local sample count; the loop reports the mean loss of the last local epoch, so this is approximated by
     ``loss * local_steps / n_k`` (Inferred). ``"mean"`` uses the mean loss itself (sound, spec A.6-8).
 
@@ -37,7 +37,7 @@ class ActiveSelector(ClientSelector):
         alpha2: softmax inverse temperature (AFL default 0.01).
         alpha3: share of the m slots filled uniformly at random (AFL default 0.1).
         unseen: valuation of never-selected clients: ``max`` (the current largest, Inferred default) or ``zero``.
-        loss_form: ``faithful`` or ``mean`` (above).
+        loss_form: ``sum_over_steps`` or ``mean`` (above).
 
     Raises:
         ValueError: on alphas outside [0, 1] (alpha2 must be >= 0) or an unknown option.
@@ -55,7 +55,7 @@ class ActiveSelector(ClientSelector):
         alpha2: float = 0.01,
         alpha3: float = 0.1,
         unseen: Literal["max", "zero"] = "max",
-        loss_form: Literal["faithful", "mean"] = "faithful",
+        loss_form: Literal["sum_over_steps", "mean"] = "sum_over_steps",
     ) -> None:
         if not (0 <= alpha1 < 1 and 0 <= alpha3 <= 1 and alpha2 >= 0):
             raise ValueError(
@@ -64,8 +64,8 @@ class ActiveSelector(ClientSelector):
             )
         if unseen not in ("max", "zero"):
             raise ValueError(f"ActiveSelector(unseen={unseen!r}) is unknown; use 'max' or 'zero'.")
-        if loss_form not in ("faithful", "mean"):
-            raise ValueError(f"ActiveSelector(loss_form={loss_form!r}) is unknown; use 'faithful' or 'mean'.")
+        if loss_form not in ("sum_over_steps", "mean"):
+            raise ValueError(f"ActiveSelector(loss_form={loss_form!r}) is unknown; use 'sum_over_steps' or 'mean'.")
         self.alpha1, self.alpha2, self.alpha3 = alpha1, alpha2, alpha3
         self.unseen, self.loss_form = unseen, loss_form
         self.values: dict[int, float] = {}
@@ -81,7 +81,7 @@ class ActiveSelector(ClientSelector):
             if not math.isfinite(u.loss):
                 continue
             loss = u.loss
-            if self.loss_form == "faithful":
+            if self.loss_form == "sum_over_steps":
                 loss = u.loss * u.metadata.get("local_steps", 1) / u.num_samples
             self.values[u.client_id] = u.num_samples / max(self.total_samples, 1) * loss
 

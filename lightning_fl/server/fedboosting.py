@@ -6,9 +6,10 @@ Recognition"), Algorithms 2-3: each client model :math:`i` is evaluated on every
 validation set (:math:`V^{i,j}`, Eq. 4.3), its training loss :math:`T^i` is reported, and the global update
 is :math:`G = \sum_i p^i G^i` (Eq. 4.1) with weights from :math:`T` and :math:`V`:
 
-* ``weighting="reference"`` (default): the formula of the authors' code (``fed_server.process_client_test_result``),
+* ``weighting="inverse_losses"`` (default): the formula of the authors' code
+  (``fed_server.process_client_test_result``),
   :math:`a_i = \frac{1}{\mathrm{mean}_j V^{i,j}} \cdot \frac{1/T_i}{\sum_k 1/T_k}`, :math:`p = a / \sum_k a_k`.
-* ``weighting="eq_4_2"``: Eq. 4.2 read literally, :math:`p = \mathrm{softmax}(\mathrm{softmax}(T) \odot V)`
+* ``weighting="softmax_losses"``: Eq. 4.2 read literally, :math:`p = \mathrm{softmax}(\mathrm{softmax}(T) \odot V)`
   with :math:`V_i = \sum_j V^{i,j}`. On losses this gives *more* weight to models with higher training and
   validation loss, against the thesis' own narrative (a poisoned model with worse validation scores gets a
   lower weight; the better Synth90K client gets ~55%); the code inverts the losses. See spec_003.md Sec. 2.1.
@@ -70,7 +71,7 @@ __all__ = [
     "reference_weights",
 ]
 
-WeightingName = Literal["reference", "eq_4_2"]
+WeightingName = Literal["inverse_losses", "softmax_losses"]
 RoundingName = Literal["floor", "round", "largest_remainder"]
 TrainLossSource = Literal["after_training", "epoch_mean"]
 
@@ -108,7 +109,7 @@ def reference_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tens
     """
     _check_losses(train_losses, cross_val_losses)
     if (train_losses <= 0).any() or (cross_val_losses <= 0).any():
-        raise ValueError("weighting='reference' inverts losses, so all must be > 0.")
+        raise ValueError("weighting='inverse_losses' inverts losses, so all must be > 0.")
     inverse_train = 1.0 / train_losses
     scores = (1.0 / cross_val_losses.mean(dim=1)) * (inverse_train / inverse_train.sum())
     return scores / scores.sum()
@@ -136,7 +137,7 @@ def eq_4_2_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tensor:
     return torch.softmax(torch.softmax(train_losses, dim=0) * cross_val_losses.sum(dim=1), dim=0)
 
 
-WEIGHTINGS: dict[str, Callable[..., Tensor]] = {"reference": reference_weights, "eq_4_2": eq_4_2_weights}
+WEIGHTINGS: dict[str, Callable[..., Tensor]] = {"inverse_losses": reference_weights, "softmax_losses": eq_4_2_weights}
 
 # floating point puts (1 - 0.9) * 100 / 2 at 4.999...; the thesis' floor means 5
 _FLOOR_TOLERANCE = 1e-9
@@ -258,7 +259,8 @@ class FedBoosting(PaillierAggregator):
     (``fedboosting_weight_<client>``).
 
     Args:
-        weighting: ``"reference"`` (the authors' code, default) or ``"eq_4_2"`` (the thesis' Eq. 4.2 literally).
+        weighting: ``"inverse_losses"`` (the authors' code, default) or ``"softmax_losses"`` (the thesis' Eq. 4.2
+            literally).
         train_loss: ``"after_training"`` evaluates each client's trained model on its training set (thesis
             Algorithm 3, line 19); ``"epoch_mean"`` uses the mean loss of the last local epoch (the code).
         pieces: :math:`P`, the number of pieces the Paillier weights are split into (thesis: 100).
@@ -276,14 +278,14 @@ class FedBoosting(PaillierAggregator):
             validation set, or fusion weights that cannot make each model dominant or mix in nothing.
 
     Example:
-        >>> FedBoosting(weighting="eq_4_2", fusion_p_hat=0.9).pieces
+        >>> FedBoosting(weighting="softmax_losses", fusion_p_hat=0.9).pieces
         100
     """
 
     def __init__(
         self,
         *,
-        weighting: WeightingName = "reference",
+        weighting: WeightingName = "inverse_losses",
         train_loss: TrainLossSource = "after_training",
         pieces: int = 100,
         rounding: RoundingName = "floor",

@@ -50,7 +50,7 @@ def test_first_round_is_uniform_and_selection_has_no_duplicates() -> None:
 
 
 @pytest.mark.parametrize(
-    ("loss_form", "expected"), [("faithful", 100 / 1000 * 0.5 * 20 / 100), ("mean", 100 / 1000 * 0.5)]
+    ("loss_form", "expected"), [("sum_over_steps", 100 / 1000 * 0.5 * 20 / 100), ("mean", 100 / 1000 * 0.5)]
 )
 def test_valuation_is_data_share_times_loss(loss_form: str, expected: float) -> None:
     selector = ActiveSelector(loss_form=loss_form)

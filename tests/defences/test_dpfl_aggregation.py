@@ -26,5 +26,5 @@ def test_fedavg_form_is_the_sample_weighted_mean() -> None:
 
 
 def test_unknown_form_is_rejected() -> None:
-    with pytest.raises(ValueError, match="faithful"):
+    with pytest.raises(ValueError, match="eta_over_all_samples"):
         DPFLAggregator(form="literal")

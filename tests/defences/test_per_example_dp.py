@@ -160,8 +160,8 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
     assert ClientDPSGD.extra_key not in str(server["callbacks"])
 
 
-def test_paper_accounting_counts_every_round_at_the_federation_rate(tmp_path: Path) -> None:
-    cdp = FedCDP(noise_multiplier=6.0, accounting="paper", steps_offset=1, conversion="classic")
+def test_federation_accounting_counts_every_round_at_the_federation_rate(tmp_path: Path) -> None:
+    cdp = FedCDP(noise_multiplier=6.0, accounting="federation", steps_offset=1, conversion="classic")
     loop = _loop(tmp_path, [cdp], num_rounds=2, checkpoint=False)
     summary = loop.fit()
     total = sum(loop.datamodule.num_train_samples(k) for k in range(4))

@@ -109,7 +109,9 @@ class _Seen(ClientTransform):
         return update
 
 
-@pytest.mark.parametrize(("mode", "expected_scale"), [("paper", 2 * 2e-3 * 0.01 / 0.25), ("delta", 2 * 0.01 / 0.25)])
+@pytest.mark.parametrize(
+    ("mode", "expected_scale"), [("two_eta_alpha", 2 * 2e-3 * 0.01 / 0.25), ("two_alpha", 2 * 0.01 / 0.25)]
+)
 def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expected_scale: float) -> None:
     """epsilon 1 split evenly over 4 layers; a delta clipped to L1 norm 0.01 is negligible beside the noise."""
     seen = _Seen()
