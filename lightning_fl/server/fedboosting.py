@@ -14,7 +14,7 @@ is :math:`G = \sum_i p^i G^i` (Eq. 4.1) with weights from :math:`T` and :math:`V
   validation loss, against the thesis' own narrative (a poisoned model with worse validation scores gets a
   lower weight; the better Synth90K client gets ~55%); the code inverts the losses. See spec_003.md Sec. 2.1.
 
-With Paillier (:class:`~lightning_fl.defences.secure_aggregation.PaillierEncryption` on the clients), the
+With Paillier (:class:`~lightning_fl.defences.secure_aggregation.protocol.PaillierEncryption` on the clients), the
 weights become integers by splitting into :math:`P` pieces, :math:`G^* = \sum_i \lfloor p^i P \rfloor g^{*i}`
 (Eq. 4.4), and the decrypted sum is divided by :math:`P`. The "DP" fusion (Sec. 4.2.3, Eq. 4.5) shares each
 client model for cross-validation only as a linear combination dominated by itself,
@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_fl.defences.secure_aggregation import (
+from lightning_fl.defences.secure_aggregation.protocol import (
     EncryptedAggregate,
     PaillierAggregator,
     check_payloads,
@@ -200,7 +200,7 @@ class ClientLink:
 
     In a deployment this is the network; in the simulation it evaluates on the clients' side. The
     server side learns only the scalar losses. Decryption happens on the client side
-    (:func:`~lightning_fl.defences.secure_aggregation.client_side_decrypt` with the client's own key), and
+    (:func:`~lightning_fl.defences.secure_aggregation.protocol.client_side_decrypt` with the client's own key), and
     evaluation uses the client's own data (and its private layers, if the model has any).
 
     Args:

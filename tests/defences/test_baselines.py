@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_fl.defences.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
+from lightning_fl.defences.dp.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
 from lightning_fl.messages import ClientUpdate
 from tests.conftest import plugin_context
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl import FedAvg, RoundContext
-from lightning_fl.defences.secure_aggregation import KEY_FIELD
+from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.fedboosting import (
     ClientLink,

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torchvision import models as tv
 
-from lightning_fl.defences.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
+from lightning_fl.defences.model.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
 from lightning_fl.models import LeNetDLG, resnet20, resnet32
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import attack_scores

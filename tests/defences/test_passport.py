@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_fl.defences.passport import PassportConv2d, Passports, add_passports
+from lightning_fl.defences.model.passport import PassportConv2d, Passports, add_passports
 from lightning_fl.models import LeNetDLG
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import attack_scores

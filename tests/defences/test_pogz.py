@@ -12,7 +12,7 @@ from torch import nn
 from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
-from lightning_fl.defences.pogz import ALLOCATIONS
+from lightning_fl.defences.dp.pogz import ALLOCATIONS
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
 

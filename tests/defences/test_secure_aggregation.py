@@ -1,4 +1,4 @@
-"""Paillier secure aggregation inside a real FederatedLoop (lightning_fl.defences.secure_aggregation)."""
+"""Paillier secure aggregation inside a real FederatedLoop (lightning_fl.defences.secure_aggregation.protocol)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightning_fl import FedAvg, FederatedCallback, FederatedLoop, RoundContext
-from lightning_fl.defences.paillier import encrypt_tensors, generate_keypair
-from lightning_fl.defences.secure_aggregation import KEY_FIELD, SecureFedAvg
+from lightning_fl.defences.secure_aggregation.paillier import encrypt_tensors, generate_keypair
+from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD, SecureFedAvg
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 from tests.conftest import make_classifier, plugin_context
 from tests.defences.he_helpers import KEY_SIZE, assert_holds_no_private_key, digits, he_transform, run_loop

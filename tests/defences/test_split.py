@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_fl.defences.split import PrivateFineTuning, PrivateSplit, split_private
+from lightning_fl.defences.model.split import PrivateFineTuning, PrivateSplit, split_private
 from lightning_fl.models import LeNetDLG, resnet20
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import defended_model, digits

@@ -16,7 +16,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.defences.per_example_dp import ClientDPSGD
+from lightning_fl.defences.dp.per_example_dp import ClientDPSGD
 from lightning_fl.privacy.accounting import AccountantName, calibrate_noise_multiplier
 from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import BroadcastTransform

@@ -2,7 +2,8 @@ r"""Secure aggregation with Paillier: clients encrypt their updates, the server 
 
 Implements the HE aggregation of the thesis (Ren, Swansea 2023, Sec. 4.2.2, Algorithms 2-3) for any
 aggregation rule with integer weights, FedAvg included ("the proposed secure aggregation approach ... can
-also be used for FedAvg"), on the packed fixed-point encoding of :mod:`lightning_fl.defences.paillier`.
+also be used for FedAvg"), on the packed fixed-point encoding of
+:mod:`lightning_fl.defences.secure_aggregation.paillier`.
 
 Who holds what:
 
@@ -39,7 +40,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.defences.paillier import (
+from lightning_fl.defences.secure_aggregation.paillier import (
     EncryptedTensors,
     PackingSpec,
     decrypt_tensors,
@@ -102,6 +103,7 @@ def combine_updates(
         ValueError: if some updates are encrypted and others not, or encrypted updates get non-integer weights.
 
     Example:
+        >>> import torch
         >>> u = [ClientUpdate(k, 0, {"w": torch.tensor([float(k)])}, 10, 0.0) for k in range(3)]
         >>> combine_updates(u, weights=[1, 1, 2], normaliser=4)
         {'w': tensor([1.2500])}
@@ -129,6 +131,7 @@ def check_payloads(updates: Sequence[ClientUpdate], *, global_state: dict[str, T
         ValueError: naming the first client whose ciphertexts describe other tensors.
 
     Example:
+        >>> import torch
         >>> check_payloads([ClientUpdate(0, 0, {"w": torch.zeros(2)}, 1, 0.0)], global_state={"w": torch.zeros(2)})
     """
     for update in updates:
@@ -188,6 +191,7 @@ class SecureFedAvg(PaillierAggregator):
         weighted: weight each client by its number of training samples (the paper); if false, a plain mean.
 
     Example:
+        >>> import torch
         >>> u = [ClientUpdate(k, 0, {"w": torch.tensor([float(k)])}, 10 * (k + 1), 0.0) for k in range(2)]
         >>> SecureFedAvg().aggregate(u, ctx=None)
         ({'w': tensor([0.6667])}, {})

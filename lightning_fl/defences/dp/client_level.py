@@ -120,6 +120,7 @@ class FedSDP(_ClientLevelLedger, ClientTransform, Defence):
         ValueError: on a non-positive clip bound, negative noise or a delta outside (0, 1).
 
     Example:
+        >>> import torch
         >>> sdp = FedSDP(noise_multiplier=0.0, max_grad_norm=1.0)
         >>> update = ClientUpdate(0, 0, {"w": torch.tensor([3.0, 4.0])}, num_samples=10, loss=0.1)
         >>> sdp(update, ctx=None).delta
