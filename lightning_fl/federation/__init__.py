@@ -24,6 +24,7 @@ _LAZY = {
     "LeakPoints": "lightning_fl.federation.leak_points",
     "LocalGradientSource": "lightning_fl.federation.leak_points",
     "RunRecorder": "lightning_fl.federation.recording",
+    "FederationView": "lightning_fl.federation.view",
     "check_model": "lightning_fl.federation.model_contract",
     "split_batch": "lightning_fl.federation.model_contract",
 }
@@ -36,6 +37,7 @@ __all__ = [
     "Evaluator",
     "FederatedLoop",
     "FederationSpec",
+    "FederationView",
     "LeakPoints",
     "LocalGradientSource",
     "RoundContext",

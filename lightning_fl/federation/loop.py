@@ -32,6 +32,7 @@ from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.trainers import quiet_lightning, trainer_options
 from lightning_fl.federation.updates import Downlink, check_aggregate, check_update, decode_aggregate
+from lightning_fl.federation.view import FederationView
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
@@ -144,7 +145,8 @@ class FederatedLoop:
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
-        self.leaks = LeakPoints(self, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
+        self.view = FederationView(self)  # what FL callbacks receive
+        self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)
         self.round_idx = 0
 
@@ -152,10 +154,6 @@ class FederatedLoop:
     def clients(self) -> list[Any]:
         """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
         return self.runner.states
-
-    @property
-    def loggers(self) -> list[Logger]:
-        return self.recorder.loggers
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -183,14 +181,14 @@ class FederatedLoop:
 
     def _run_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
         for cb in self.callbacks:
-            cb.on_client_fit_start(self, client_id)
+            cb.on_client_fit_start(self.view, client_id)
         ctx = self.runner.context(round_ctx, client_id)
         received = self.downlink.send(ctx)
         try:
             callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=client_id)
             update = self.runner.fit(ctx, received, callbacks=callbacks)
             for cb in self.callbacks:
-                cb.on_client_fit_end(self, update)
+                cb.on_client_fit_end(self.view, update)
             for transform in self.client_transforms:
                 update = transform(update, ctx=ctx)
         except Exception as err:  # a failing client must never stop or corrupt the federation
@@ -216,7 +214,7 @@ class FederatedLoop:
             generator=ctx.rng("select"),
         )
         for cb in self.callbacks:
-            cb.on_round_start(self, self.round_idx, selected)
+            cb.on_round_start(self.view, self.round_idx, selected)
         updates = [u for u in (self._run_client(ctx, k) for k in selected) if u is not None]
         if len(updates) < self.min_clients:
             raise RuntimeError(
@@ -275,14 +273,14 @@ class FederatedLoop:
         for component in self.components():
             component.setup(setup)
         for cb in self.callbacks:
-            cb.on_fit_start(self)
+            cb.on_fit_start(self.view)
         with quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()
                 self.recorder.end_round(entry)
                 for cb in self.callbacks:
-                    cb.on_round_end(self, self.round_idx, entry)
+                    cb.on_round_end(self.view, self.round_idx, entry)
                 self.round_idx += 1
                 if self.checkpoint.enabled:
                     self.checkpoint.save_run(self, touched=entry["clients"])
@@ -293,7 +291,7 @@ class FederatedLoop:
                     log.warning("stopping after round %d: %s", self.round_idx - 1, self.recorder.stop_reason)
                     break
         for cb in self.callbacks:
-            cb.on_fit_end(self)
+            cb.on_fit_end(self.view)
         self.recorder.finalize()
         self.recorder.write_summary()
         return self.recorder.summary()

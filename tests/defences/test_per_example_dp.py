@@ -249,7 +249,11 @@ def test_decaying_the_clip_bound_beats_a_constant_one_at_equal_epsilon(tmp_path:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"accounting": "global"}, "'per_client' or 'federation'"), ({"delta": 0.0}, "delta"), ({"steps_offset": -1}, ">= 0")],
+    [
+        ({"accounting": "global"}, "'per_client' or 'federation'"),
+        ({"delta": 0.0}, "delta"),
+        ({"steps_offset": -1}, ">= 0"),
+    ],
 )
 def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

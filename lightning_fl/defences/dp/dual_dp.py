@@ -23,7 +23,7 @@ from lightning_fl.transforms import BroadcastTransform
 
 if TYPE_CHECKING:
     from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
-    from lightning_fl.federation.loop import FederatedLoop
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["DownlinkNoise", "DualDP", "DualDPFL", "ServerNoiseMode"]
 
@@ -96,7 +96,7 @@ class DualDP(ClientDPSGD):
         return self.dp.noise_multiplier
 
     @override
-    def on_fit_start(self, loop: FederatedLoop) -> None:
+    def on_fit_start(self, loop: FederationView) -> None:
         self.calibrate(loop.spec)
         super().on_fit_start(loop)
 

@@ -3,7 +3,7 @@
 * :class:`PerExampleDP` is a plain Lightning callback: it wraps the module's parameters in Opacus'
   ``GradSampleModule`` hooks and the optimiser in Opacus' ``DPOptimizer`` for one ``fit`` and removes
   both afterwards, so it works with any ``LightningModule`` and with the one worker model that the
-  :class:`~lightning_fl.loop.FederatedLoop` reuses for every client.
+  :class:`~lightning_fl.loop.FederationView` reuses for every client.
 * :class:`ClientDPSGD` runs it in every client of a federation: per-client accountants that persist in
   :attr:`Client.extra <lightning_fl.client.Client.extra>` (and so resume), a per-round clip bound, epsilon
   after each round in ``summary.json["history"][i]["epsilon"]``, and the type-2 leak point fed with the
@@ -38,7 +38,7 @@ from lightning_fl.privacy.schedules import Schedule
 
 if TYPE_CHECKING:
     from lightning_fl.federation.contexts import FederationSpec
-    from lightning_fl.federation.loop import FederatedLoop
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP"]
 
@@ -337,7 +337,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
 
     # -- federated hooks ---------------------------------------------------------------------------------
     @override
-    def on_fit_start(self, loop: FederatedLoop) -> None:
+    def on_fit_start(self, loop: FederationView) -> None:
         if self.dp not in loop.client_callbacks:
             raise ValueError(
                 f"{type(self).__name__} is a defence bundle: put it in loop.defences (YAML: the top-level "
@@ -359,7 +359,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         }
 
     @override
-    def on_round_start(self, loop: FederatedLoop, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
         if self.accounting == "federation":
             self.federation_accountant.step(
                 noise_multiplier=self._step_multiplier(loop.spec, selected[0]),
@@ -368,7 +368,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             )
 
     @override
-    def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
+    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
         client = loop.clients[client_id]
         self.dp.max_grad_norm = self.clip_schedule(loop.round_idx)
         self.dp.seed = loop.round_context().seed("per-example-dp", client_id)
@@ -376,7 +376,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         self.dp.privacy_accountant = self._client_accountant(client.extra)
 
     @override
-    def on_client_fit_end(self, loop: FederatedLoop, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, loop: FederationView, update: ClientUpdate) -> None:
         accountant = self.dp.privacy_accountant
         loop.clients[update.client_id].extra[self.extra_key] = accountant.state_dict()
         self._epsilons[update.client_id] = accountant.get_epsilon(self.delta)
