@@ -243,6 +243,8 @@ class SetupContext:
         trainer_options: options of the inner Trainers, for components that train or evaluate a model.
         aggregator: the aggregation rule, for transforms that must match it (Paillier needs a ciphertext-aware one).
         server_transforms: the server-side chain, for transforms that warn about combinations.
+        client_evaluation: the declared evaluation step on the clients' side, for rules that need the
+            clients' losses (FedBoosting); a :class:`~lightning_fl.federation.evaluation.ClientEvaluation`.
         metrics_sink: where components that log outside a round (FedBoosting) send metrics.
     """
 
@@ -253,6 +255,7 @@ class SetupContext:
     trainer_options: dict[str, Any] = field(default_factory=dict, repr=False)
     aggregator: Any = field(default=None, repr=False)
     server_transforms: tuple[Any, ...] = field(default=(), repr=False)
+    client_evaluation: Any = field(default=None, repr=False)
     metrics_sink: Callable[[dict[str, float]], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -266,5 +269,6 @@ class SetupContext:
             trainer_options=loop.runner.trainer_options,
             aggregator=loop.aggregator,
             server_transforms=tuple(loop.server_transforms),
+            client_evaluation=loop.client_evaluation,
             metrics_sink=loop.recorder.log_metrics,
         )

@@ -26,7 +26,7 @@ from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
 from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
-from lightning_fl.federation.evaluation import Evaluator
+from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
@@ -145,6 +145,7 @@ class FederatedLoop:
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
+        self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)

@@ -33,16 +33,13 @@ References:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_fl.defences.secure_aggregation.protocol import (
@@ -53,17 +50,14 @@ from lightning_fl.defences.secure_aggregation.protocol import (
     combine_updates,
 )
 from lightning_fl.federation.contexts import derive_seed
-from lightning_fl.federation.evaluation import logged_metric
-from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate
-from lightning_fl.private import load_state_into
 
 if TYPE_CHECKING:
     from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.federation.evaluation import ClientEvaluation
 
 __all__ = [
     "WEIGHTINGS",
-    "ClientLink",
     "FedBoosting",
     "eq_4_2_weights",
     "fusion_weights",
@@ -195,60 +189,6 @@ def fusion_weights(p_hat: Sequence[float], *, pieces: int) -> list[list[int]]:
     return rows
 
 
-class ClientLink:
-    """The server's channel to the clients for cross-validation: it sends a model, it gets back losses.
-
-    In a deployment this is the network; in the simulation it evaluates on the clients' side. The
-    server side learns only the scalar losses. Decryption happens on the client side
-    (:func:`~lightning_fl.defences.secure_aggregation.protocol.client_side_decrypt` with the client's own key), and
-    evaluation uses the client's own data (and its private layers, if the model has any).
-
-    Args:
-        ctx: the run's parts: the clients' own states and data answer.
-        metric: what the model logs in ``validation_step`` as the loss (``val_loss`` for ImageClassifier).
-    """
-
-    def __init__(self, ctx: SetupContext, *, metric: str = "val_loss") -> None:
-        self._ctx, self.metric = ctx, metric
-        self._model = copy.deepcopy(ctx.global_model)
-        self._trainer: L.Trainer | None = None
-
-    def losses(
-        self,
-        message: dict[str, Tensor] | EncryptedAggregate,
-        *,
-        base_state: dict[str, Tensor],
-        client_ids: Sequence[int],
-        split: Literal["train", "val"],
-    ) -> list[float]:
-        """Loss of the model ``base_state + message`` on the ``split`` data of each client in ``client_ids``."""
-        ctx = self._ctx
-        delta = client_side_decrypt(message, client=ctx.clients[client_ids[0]])
-        state = {k: v + delta[k].to(v.dtype) if k in delta else v for k, v in base_state.items()}
-        load_state_into(self._model, state)
-        out = []
-        for client_id in client_ids:
-            if ctx.clients[client_id].private:
-                load_state_into(self._model, ctx.clients[client_id].private)
-            dm = ctx.datamodule
-            dataset = dm.client_train_set(client_id) if split == "train" else dm.client_val_set(client_id)
-            out.append(self._evaluate(DataLoader(dataset, batch_size=dm.eval_batch_size)))
-        return out
-
-    def _evaluate(self, loader: DataLoader) -> float:
-        if self._trainer is None:
-            self._trainer = build_trainer(self._ctx.trainer_options, validate=True)
-        with quiet_lightning():
-            results = self._trainer.validate(self._model, dataloaders=loader, verbose=False)
-        return logged_metric(
-            results[0],
-            self.metric,
-            owner=type(self._model).__name__,
-            hook="validation_step",
-            field="FedBoosting(val_metric)",
-        )
-
-
 class FedBoosting(PaillierAggregator):
     """FedBoosting aggregation (thesis Ch. 4, Algorithm 2), in plaintext or on Paillier ciphertexts.
 
@@ -314,7 +254,7 @@ class FedBoosting(PaillierAggregator):
         self.weighting, self.train_loss, self.pieces, self.rounding = weighting, train_loss, pieces, rounding
         self.fusion_p_hat, self.fusion_p_hat_min, self.val_metric = fusion_p_hat, fusion_p_hat_min, val_metric
         self.last_weights: dict[int, float] = {}
-        self._link: ClientLink | None = None
+        self._clients: ClientEvaluation | None = None
         self._seed = 0
 
     # -- setup -----------------------------------------------------------------------------------------
@@ -327,7 +267,7 @@ class FedBoosting(PaillierAggregator):
                 f"raise data.val_fraction (now {ctx.datamodule.val_fraction})."
             )
         self._check_fusion(ctx.spec.clients_per_round)
-        self._link, self._seed = ClientLink(ctx, metric=self.val_metric), ctx.spec.seed
+        self._clients, self._seed = ctx.client_evaluation, ctx.spec.seed
 
     def _check_fusion(self, num_clients: int) -> None:
         if self.fusion_p_hat is None or num_clients == 1:
@@ -356,7 +296,7 @@ class FedBoosting(PaillierAggregator):
     def aggregate(
         self, updates: Sequence[ClientUpdate], *, ctx: RoundContext
     ) -> tuple[dict[str, Tensor] | EncryptedAggregate, dict[str, float]]:
-        if self._link is None:
+        if self._clients is None:
             raise RuntimeError("FedBoosting has no link to the clients; FederatedLoop.fit() calls setup(ctx) first.")
         global_state = dict(ctx.global_state)
         check_payloads(updates, global_state=global_state)
@@ -364,7 +304,7 @@ class FedBoosting(PaillierAggregator):
         ids = [u.client_id for u in updates]
         shared = self._shared_models(updates)
         cross_val = torch.tensor(
-            [self._link.losses(m, base_state=global_state, client_ids=ids, split="val") for m in shared]
+            [self._losses(m, base_state=global_state, client_ids=ids, split="val") for m in shared]
         )
         train = torch.tensor(self._train_losses(updates, global_state))
         weights = WEIGHTINGS[self.weighting](train_losses=train, cross_val_losses=cross_val)
@@ -394,11 +334,23 @@ class FedBoosting(PaillierAggregator):
             for row in fusion_weights(p_hat, pieces=self.pieces)
         ]
 
+    def _losses(self, message: Any, *, base_state: dict[str, Tensor], client_ids: list[int], split: str) -> list[float]:
+        """The declared evaluation step: the clients decode ``message`` with their own key and return losses."""
+        return self._clients.losses(
+            message,
+            base_state=base_state,
+            client_ids=client_ids,
+            split=split,
+            metric=self.val_metric,
+            decode=client_side_decrypt,
+            field="FedBoosting(val_metric)",
+        )
+
     def _train_losses(self, updates: Sequence[ClientUpdate], global_state: dict[str, Tensor]) -> list[float]:
         if self.train_loss == "epoch_mean":
             return [u.loss for u in updates]
         return [
-            self._link.losses(_as_message(u), base_state=global_state, client_ids=[u.client_id], split="train")[0]
+            self._losses(_as_message(u), base_state=global_state, client_ids=[u.client_id], split="train")[0]
             for u in updates
         ]
 

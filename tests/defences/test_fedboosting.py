@@ -11,9 +11,9 @@ from torch import Tensor
 
 from lightning_fl import FedAvg, RoundContext
 from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD
+from lightning_fl.federation.evaluation import ClientEvaluation
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.fedboosting import (
-    ClientLink,
     FedBoosting,
     eq_4_2_weights,
     fusion_weights,
@@ -145,7 +145,7 @@ def test_encrypted_fedboosting_with_fusion_equals_the_thesis_integer_aggregate(t
         expected = start + sum(w * u.delta[key] for w, u in zip(pieces, plain.aggregator.updates, strict=True)) / 100
         assert (secure.global_public_state()[key] - expected).abs().max() <= step / 2 + 1e-6, key
     assert {f"fedboosting_weight_{k}" for k in range(3)} <= set(secure.history[0])
-    assert_holds_no_private_key(booster, secure.clients[0].extra[KEY_FIELD], skip=(ClientLink,))
+    assert_holds_no_private_key(booster, secure.clients[0].extra[KEY_FIELD], skip=(ClientEvaluation,))
 
 
 def test_fedboosting_is_not_worse_than_fedavg_on_non_iid_digits(tmp_path) -> None:
