@@ -80,15 +80,19 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
         >>> type(apply_defences(net, [KeyLocks(key_length=8)])[1]).__name__
         'KeyLockNorm2d'
     """
+    applied = model.__dict__.setdefault("_fl_applied_defences", [])  # a second loop on the same model: no re-apply
     for defence in defences:
         if not isinstance(defence, Defence):
             raise TypeError(
                 f"defences=[..., {type(defence).__name__}, ...] is not a Defence; pass Defence bundles (Passports, "
                 "KeyLocks, FedCDP, ...). Plain callbacks and transforms go to loop.callbacks / loop.*_transforms."
             )
+        if id(defence) in applied:
+            continue
         returned = defence.apply_to_model(model)
         if returned is not model:
             raise TypeError(f"{type(defence).__name__}.apply_to_model must change the model in place and return it.")
+        applied.append(id(defence))
     return model
 
 
