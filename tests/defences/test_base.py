@@ -41,7 +41,7 @@ def test_parts_are_merged_and_two_aggregators_conflict() -> None:
     noise = GaussianNoise(0.1)
     parts = collect_parts([noise, FedCDP()], model=_net())
     assert parts.client_transforms == [noise] and len(parts.client_callbacks) == 1 and len(parts.callbacks) == 1
-    with pytest.raises(ValueError, match="_NeedsFedAvg sets the aggregator, but loop.aggregator"):
+    with pytest.raises(ValueError, match=r"_NeedsFedAvg sets the aggregator, but loop\.aggregator"):
         collect_parts([_NeedsFedAvg()], model=_net(), aggregator=FedAvg())
 
 
@@ -50,5 +50,5 @@ def test_a_bundle_put_among_callbacks_says_to_use_defences(tiny_digits, tmp_path
     loop = FederatedLoop(
         make_classifier(tiny_digits), tiny_digits, num_rounds=1, callbacks=[FedCDP()], output_dir=tmp_path
     )
-    with pytest.raises(ValueError, match="put it in loop.defences"):
+    with pytest.raises(ValueError, match=r"put it in loop\.defences"):
         loop.fit()
