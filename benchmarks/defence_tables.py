@@ -29,17 +29,18 @@ from lightning_fl.attacks.metrics import fdlpp_privacy_score, image_mse, score_r
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import (
-    DefendedClassifier,
+    Defence,
     GaussianNoise,
     KeyLocks,
-    ModelDefence,
     Passports,
     PrivateFineTuning,
     PrivateSplit,
     add_gaussian_noise,
+    apply_defences,
 )
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.federation import FederatedLoop
 from lightning_fl.messages import GroundTruth, ServerView
+from lightning_fl.models import ImageClassifier
 from lightning_fl.private import reset_private_state
 
 IMAGE_SIZE = 16
@@ -47,7 +48,7 @@ KEYLOCK = KeyLocks(lock_init_range=0.5)
 PASSPORTS = Passports(num_convs=1, passport_size=IMAGE_SIZE)
 
 # name -> (model defences, client transforms, client callbacks, gradient noise std seen by the attacker)
-TABLE_1: dict[str, tuple[list[ModelDefence], list, list, float]] = {
+TABLE_1: dict[str, tuple[list[Defence], list, list, float]] = {
     "DL": ([], [], [], 0.0),
     "Splitfed": ([PrivateSplit(cut=1)], [], [], 0.0),
     "FL-DP(0.002)": ([], [GaussianNoise(0.002)], [], 0.002),
@@ -71,12 +72,12 @@ def _data() -> FederatedDataModule:
     return FederatedDataModule("digits", num_clients=5, partition="iid", image_size=IMAGE_SIZE, batch_size=32, seed=0)
 
 
-def _model(dm: FederatedDataModule, defences: list[ModelDefence], seed: int) -> DefendedClassifier:
+def _model(dm: FederatedDataModule, defences: list[Defence], seed: int) -> ImageClassifier:
     torch.manual_seed(seed)
-    return DefendedClassifier("lenet_dlg", defences=[copy.deepcopy(d) for d in defences], **dm.model_options)
+    return apply_defences(ImageClassifier("lenet_dlg", **dm.model_options), [copy.deepcopy(d) for d in defences])
 
 
-def accuracy(defences: list[ModelDefence], transforms: list, callbacks: list, *, rounds: int) -> float:
+def accuracy(defences: list[Defence], transforms: list, callbacks: list, *, rounds: int) -> float:
     """Test accuracy after ``rounds`` of FedAvg (clients' own models when there are private layers)."""
     dm = _data()
     loop = FederatedLoop(
@@ -97,7 +98,7 @@ def accuracy(defences: list[ModelDefence], transforms: list, callbacks: list, *,
 
 
 def attack(
-    defences: list[ModelDefence],
+    defences: list[Defence],
     make_attack: Callable[[], DLGAttack | InvertingGradientsAttack],
     *,
     images: int,

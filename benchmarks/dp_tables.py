@@ -32,10 +32,7 @@ from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import GradientLeakage, PrivacyBudget
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import (
-    ActiveSelector,
-    DownlinkNoise,
-    DPFLAggregator,
-    DualDP,
+    DualDPFL,
     FedCDP,
     FedSDP,
     PoGZNoise,
@@ -43,11 +40,11 @@ from lightning_fl.defences import (
     dpfl_noisy_update,
     pogz_scores,
 )
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.federation import FederatedLoop
 from lightning_fl.models import ImageClassifier
 from lightning_fl.privacy import PrivacyAccountant, Schedule, state_norm
 from lightning_fl.privacy.accounting import FED_CDP_TABLE_VI
-from lightning_fl.server import FedAvg
+from lightning_fl.server import ActiveSelector, DPFLAggregator, FedAvg
 
 _TRAINER = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
 _TRAINER |= {"enable_model_summary": False, "accelerator": "cpu"}
@@ -127,15 +124,15 @@ def dpfl_federated(epsilon: float | None, rounds: int) -> float:
 def fed_cdp_run(defence: str, rounds: int, *, sigma: float = 6.0, scaling: str = "per_example") -> dict[str, float]:
     dm = FederatedDataModule("digits", num_clients=20, partition="shards", batch_size=5, image_size=32)
     torch.manual_seed(0)
-    callbacks: list = []
+    defences: list = []
     transforms: list = []
     if defence == "fed_sdp":
         transforms = [FedSDP(noise_multiplier=0.05, max_grad_norm=4.0)]
     elif defence == "fed_cdp":
-        callbacks = [FedCDP(noise_multiplier=sigma, max_grad_norm=4.0, noise_scaling=scaling)]
+        defences = [FedCDP(noise_multiplier=sigma, max_grad_norm=4.0, noise_scaling=scaling)]
     elif defence == "fed_cdp_decay":
         clip = Schedule(6.0, end=2.0, kind="linear", num_rounds=rounds)
-        callbacks = [FedCDP(noise_multiplier=sigma, max_grad_norm=clip, noise_scaling=scaling)]
+        defences = [FedCDP(noise_multiplier=sigma, max_grad_norm=clip, noise_scaling=scaling)]
     loop = FederatedLoop(
         _classifier(dm, optimizer="sgd", lr=0.05),
         dm,
@@ -143,7 +140,7 @@ def fed_cdp_run(defence: str, rounds: int, *, sigma: float = 6.0, scaling: str =
         clients_per_round=2,
         local_epochs=1,
         aggregator=FedAvg(weighted=False),
-        callbacks=callbacks,
+        defences=defences,
         client_transforms=transforms,
         eval_every=rounds,
         output_dir=tempfile.mkdtemp(),
@@ -170,11 +167,12 @@ def leakage(defence: str, leak_point: str) -> dict[str, Any]:
         GradientLeakage(IDLGAttack(max_iterations=300, progress_bar=False), leak_point=leak_point, save_images=False)
     ]
     transforms: list = []
+    defences: list = []
     if defence == "fed_sdp":
         transforms = [FedSDP()]
     elif defence in ("fed_cdp", "fed_cdp_decay"):
         clip = 4.0 if defence == "fed_cdp" else Schedule(6.0, end=2.0, kind="linear", num_rounds=100)
-        callbacks.insert(0, FedCDP(max_grad_norm=clip))
+        defences = [FedCDP(max_grad_norm=clip)]
     loop = FederatedLoop(
         _classifier(dm, optimizer="sgd", lr=0.1),
         dm,
@@ -182,6 +180,7 @@ def leakage(defence: str, leak_point: str) -> dict[str, Any]:
         clients_per_round=1,
         local_steps=1,
         eval_every=0,
+        defences=defences,
         callbacks=callbacks,
         client_transforms=transforms,
         output_dir=tempfile.mkdtemp(),
@@ -197,18 +196,18 @@ def dual_dp_run(mode: str | None, rounds: int) -> dict[str, Any]:
     dm = FederatedDataModule("digits", num_clients=15, partition="label_buckets", batch_size=16, image_size=32)
     torch.manual_seed(0)
     callbacks: list = []
-    broadcast: list = []
+    defences: list = []
     if mode is not None:
-        callbacks = [PrivacyBudget(20.0), DualDP(target_epsilon=20.0, delta=1e-3)]
-        broadcast = [DownlinkNoise(sensitivity=0.01, mode=mode)]
+        callbacks = [PrivacyBudget(20.0)]
+        defences = [DualDPFL(target_epsilon=20.0, delta=1e-3, sensitivity=0.01, mode=mode)]
     loop = FederatedLoop(
         _classifier(dm, optimizer="sgd", lr=0.05),
         dm,
         num_rounds=rounds,
         clients_per_round=5,
         local_epochs=1,
+        defences=defences,
         callbacks=callbacks,
-        broadcast_transforms=broadcast,
         eval_every=rounds,
         output_dir=tempfile.mkdtemp(),
         checkpoint=False,

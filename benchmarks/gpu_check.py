@@ -41,7 +41,7 @@ from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
 from lightning_fl.attacks.metrics import psnr
 from lightning_fl.attacks.standalone import client_view, view_on
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.federation import FederatedLoop
 from lightning_fl.messages import ServerView
 from lightning_fl.models import ImageClassifier
 

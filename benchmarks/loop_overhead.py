@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
-from lightning_fl.loop import _seed_all
+from lightning_fl.federation.client_runner import seed_all as _seed_all
 
 BACKBONE = "lenet_dlg"
 

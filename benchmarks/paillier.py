@@ -3,7 +3,8 @@
 The update is a real client update: the sigmoid LeNet (15,226 parameters) after 3 local epochs on one
 client of digits (10 clients, Dirichlet 0.5). All lines use the same key and the same values:
 
-* packed: :func:`~lightning_fl.defences.paillier.encrypt_tensors` with BatchCrypt-style packing (default spec);
+* packed: :func:`~lightning_fl.defences.secure_aggregation.paillier.encrypt_tensors` with BatchCrypt-style
+  packing (default spec);
 * per value: the same fixed-point encoding with one value per ciphertext (``packing=False``);
 * phe native: ``public_key.encrypt(float)`` per value, as the thesis' reference code does.
 
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
-from lightning_fl.defences.paillier import (
+from lightning_fl.defences.secure_aggregation.paillier import (
     PackingSpec,
     decrypt_tensors,
     encrypt_tensors,

@@ -8,47 +8,48 @@ from lightning_fl.attacks import *  # noqa: F403
 from lightning_fl.attacks import __all__ as _attacks
 from lightning_fl.callbacks import *  # noqa: F403
 from lightning_fl.callbacks import __all__ as _callbacks
-from lightning_fl.client import Client
 from lightning_fl.datamodules import *  # noqa: F403
 from lightning_fl.datamodules import __all__ as _datamodules
 from lightning_fl.defences import *  # noqa: F403
 from lightning_fl.defences import __all__ as _defences
-from lightning_fl.loop import FederatedLoop, derive_seed
+from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
+from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
 from lightning_fl.models import __all__ as _models
 from lightning_fl.privacy import *  # noqa: F403
 from lightning_fl.privacy import __all__ as _privacy
 from lightning_fl.private import mark_private, private_state, public_state
-from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector, weighted_average
+from lightning_fl.server import *  # noqa: F403
+from lightning_fl.server import __all__ as _server
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LEAK_POINTS",
-    "Aggregator",
     "BroadcastTransform",
-    "Client",
-    "ClientSelector",
+    "ClientContext",
+    "ClientState",
     "ClientTransform",
     "ClientUpdate",
-    "FedAvg",
     "FederatedLoop",
+    "FederationSpec",
     "GroundTruth",
     "LeakPoint",
+    "RoundContext",
     "ServerTransform",
     "ServerView",
-    "UniformSelector",
+    "SetupContext",
     "derive_seed",
     "mark_private",
     "private_state",
     "public_state",
-    "weighted_average",
     *_attacks,
     *_callbacks,
     *_datamodules,
     *_defences,
     *_models,
     *_privacy,
+    *_server,
 ]

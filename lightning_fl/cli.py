@@ -3,7 +3,9 @@
 Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
 command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
 ``--print_config`` prints the resolved config. The model's ``num_classes``, ``in_channels``, ``image_size``,
-``input_mean`` and ``input_std`` are linked from the data when the model's ``__init__`` takes them.
+``input_mean`` and ``input_std`` are linked from the data when the model's ``__init__`` takes them. The
+top-level ``defences:`` list (``class_path``/``init_args`` of :class:`~lightning_fl.defences.Defence` bundles)
+applies to any model, after it is built.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import lightning as L
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from lightning_fl.datamodules.federated import FederatedDataModule
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.defences.base import Defence, apply_defences
+from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.validation import (
     check_callback_schedule,
     check_checkpoints_load_safely,
@@ -55,6 +58,9 @@ def _common(parser: ArgumentParser) -> None:
     parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
     parser.add_class_arguments(FederatedDataModule, "data")
     parser.add_subclass_arguments(L.LightningModule, "model", required=True)
+    parser.add_argument(
+        "--defences", type=list[Defence], default=[], help="Defence bundles applied to the model (and the run)."
+    )
     for key in _DATA_LINKS:
         parser.link_arguments(
             "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
@@ -70,7 +76,7 @@ def _fit_parser() -> ArgumentParser:
     _common(parser)
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
     parser.add_class_arguments(
-        FederatedLoop, "loop", skip={"model", "datamodule", "output_dir", "seed"}, instantiate=False
+        FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
     )
     return parser
 
@@ -127,8 +133,15 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     check_output_dir(output_dir)
     init = _instantiate(parser, cfg)
     _check_fit(cfg, init)
-    loop = FederatedLoop(init.model, init.data, output_dir=output_dir, seed=cfg.seed_everything, **vars(init.loop))
-    check_resume(cfg.resume, loop.server_checkpoint_path)
+    loop = FederatedLoop(
+        init.model,
+        init.data,
+        defences=init.defences,
+        output_dir=output_dir,
+        seed=cfg.seed_everything,
+        **vars(init.loop),
+    )
+    check_resume(cfg.resume, loop.checkpoint.server_path)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
 
@@ -153,6 +166,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
     init = _instantiate(parser, cfg)
+    apply_defences(init.model, init.defences)
 
     def attack() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "is_private_module",
+    "load_state_into",
     "mark_private",
     "private_modules",
     "private_state",
@@ -95,3 +96,18 @@ def reset_private_state(model: nn.Module, *, generator: torch.Generator) -> None
             reset = getattr(sub, "reset_private", None)
             if callable(reset):
                 reset(generator)
+
+
+def load_state_into(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy ``state`` into the matching entries of ``model``'s state in place (keys not given are kept).
+
+    Example:
+        >>> net = nn.Linear(1, 1)
+        >>> load_state_into(net, {"bias": torch.tensor([2.0])})
+        >>> net.bias.item()
+        2.0
+    """
+    own = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key, value in state.items():
+            own[key].copy_(value)

@@ -1,14 +1,16 @@
 """The update-transform chain: small protocols by which DP, pruning and HE defences plug into the loop.
 
 * :class:`ClientTransform` runs on the client after local training, on the :class:`ClientUpdate` it is about
-  to send (clip, noise, prune, encrypt). What comes out is what the server receives (the type-1 leak point).
+  to send (clip, noise, prune, encrypt), with the client's :class:`~lightning_fl.federation.ClientContext`.
+  What comes out is what the server receives (the type-1 leak point).
 * :class:`ServerTransform` runs on the server on the aggregate delta (server-side noise, public-data
-  fine-tuning). What comes out is what is broadcast (the type-0 leak point).
+  fine-tuning), with the round's :class:`~lightning_fl.federation.RoundContext`. What comes out is what is
+  broadcast (the type-0 leak point).
 * :class:`BroadcastTransform` runs on the public global state the server sends to one client (2DP-FL's
   per-client noise on the global model).
 
 Transforms are applied in list order. Each may keep state across rounds (an accountant) through
-``state_dict``/``load_state_dict``, which the loop checkpoints.
+``state_dict``/``load_state_dict``, which the loop checkpoints, and may inspect the run once in ``setup``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from torch import Tensor
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import ClientContext, RoundContext, SetupContext
 
 __all__ = ["BroadcastTransform", "ClientTransform", "ServerTransform"]
 
 
 class _Stateful:
-    def setup(self, loop: FederatedLoop) -> None:
-        """Called once before the first round."""
+    def setup(self, ctx: SetupContext) -> None:
+        """Called once before the first round with the run's shape and parts."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -41,15 +43,15 @@ class ClientTransform(_Stateful, ABC):
     """Client-side: transform the update a client is about to send."""
 
     @abstractmethod
-    def __call__(self, update: ClientUpdate, *, loop: FederatedLoop) -> ClientUpdate:
+    def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
         """Transform and return; see the class docstring."""
 
-    def decode_aggregate(self, aggregate: Any, *, loop: FederatedLoop) -> Any:
+    def decode_aggregate(self, aggregate: Any, *, ctx: ClientContext) -> Any:
         """Client-side, after aggregation: undo this transform's encoding on what the server returns.
 
         The loop applies it in reverse chain order to the aggregator's result, which must end as a dict of
-        tensors (e.g. Paillier ciphertexts are decrypted here, by a client, with the client's key). The
-        default passes the aggregate through.
+        tensors (e.g. Paillier ciphertexts are decrypted here, by a participating client, with its own key).
+        The default passes the aggregate through.
         """
         return aggregate
 
@@ -58,12 +60,12 @@ class ServerTransform(_Stateful, ABC):
     """Server-side: transform the aggregate delta before it is added to the global model."""
 
     @abstractmethod
-    def __call__(self, delta: dict[str, Tensor], *, loop: FederatedLoop) -> dict[str, Tensor]:
+    def __call__(self, delta: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
         """Transform and return; see the class docstring."""
 
 
 class BroadcastTransform(_Stateful, ABC):
-    """Server-side: transform the public global state sent to one client.
+    """Server-side: transform the public global state sent to one client (``ctx.client_id``).
 
     Attributes:
         persistent: whether the change this transform makes stays in the model the client returns. If true
@@ -75,5 +77,5 @@ class BroadcastTransform(_Stateful, ABC):
     persistent: bool = False
 
     @abstractmethod
-    def __call__(self, state: dict[str, Tensor], *, client_id: int, loop: FederatedLoop) -> dict[str, Tensor]:
-        """Transform and return; see the class docstring."""
+    def __call__(self, state: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
+        """Transform and return; ``ctx`` is the receiving client's context (use only its round and id)."""

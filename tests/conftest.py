@@ -29,13 +29,34 @@ def _fixed_global_seed() -> None:
     torch.manual_seed(0)
 
 
+def plugin_context(
+    global_state: dict | None = None, *, client_id: int = 0, num_clients: int = 2, clients_per_round: int = 2
+):
+    """A :class:`ClientContext` for calling one plug-in (transform, aggregator) on its own, outside a loop."""
+    from lightning_fl.federation import ClientContext, FederationSpec
+
+    state = dict(global_state or {})
+    spec = FederationSpec(
+        num_clients=num_clients,
+        clients_per_round=clients_per_round,
+        num_rounds=1,
+        local_epochs=1,
+        local_steps=None,
+        seed=0,
+        batch_size=1,
+        num_train_samples=(1,) * num_clients,
+        update_keys=tuple(state),
+    )
+    return ClientContext(spec=spec, round_idx=0, global_state=state, client_id=client_id)
+
+
 def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
     """The sigmoid DLG LeNet classifier standardised on ``dm``'s statistics."""
     options = {"backbone": "lenet_dlg", "lr": 2e-3, **kwargs}
     return ImageClassifier(**dm.model_options, **options)
 
 
-def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list = ()):
+def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list = (), defences: list = ()):
     """One round, one client, one SGD step on one 16x16 digit: the setting where a single gradient leaks (DLG)."""
     from lightning_fl import FederatedLoop
 
@@ -48,6 +69,7 @@ def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list
         clients_per_round=1,
         local_steps=1,
         eval_every=0,
+        defences=defences,
         callbacks=callbacks,
         client_transforms=client_transforms,
         output_dir=output_dir,

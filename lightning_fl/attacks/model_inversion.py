@@ -30,9 +30,8 @@ from torch import Tensor, nn
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.dlg import DLGAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, MatchingState
-from lightning_fl.client import load_state_into
 from lightning_fl.messages import ServerView
-from lightning_fl.private import private_modules, public_state
+from lightning_fl.private import load_state_into, private_modules, public_state
 
 __all__ = ["ColludingClientInversion", "MIFace", "descend_inputs", "forward_to_cut", "private_cut"]
 

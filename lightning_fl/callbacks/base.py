@@ -23,39 +23,48 @@ from typing import TYPE_CHECKING, Any
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["FederatedCallback"]
 
 
 class FederatedCallback:
-    """Base class of loop-level callbacks; override the hooks you need."""
+    """Base class of loop-level callbacks; override the hooks you need.
 
-    def on_fit_start(self, loop: FederatedLoop) -> None:
+    Hooks receive the loop first, as Lightning callbacks receive the Trainer: read it (``round_idx``, ``spec``,
+    ``output_dir``, ``loggers``), report through ``log_metrics``/``record_attack``/``request_stop``, and change
+    nothing else.
+    """
+
+    def listens_to(self, hook: str) -> bool:
+        """Whether the loop should call ``hook`` on this callback; narrow it so unused leak points cost nothing."""
+        return True
+
+    def on_fit_start(self, loop: FederationView) -> None:
         """Before the first round (also after a resume)."""
 
-    def on_fit_end(self, loop: FederatedLoop) -> None:
+    def on_fit_end(self, loop: FederationView) -> None:
         """After the last round."""
 
-    def on_round_start(self, loop: FederatedLoop, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
         """A round begins with the selected clients."""
 
-    def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
+    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
         """A selected client is about to train."""
 
-    def on_local_gradient(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-2 leak point: one local mini-batch gradient, as released by the client's optimiser step."""
 
-    def on_client_fit_end(self, loop: FederatedLoop, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, loop: FederationView, update: ClientUpdate) -> None:
         """A client finished training; ``update`` is before client-side transforms."""
 
-    def on_client_update(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-1 leak point: the update as the server receives it (after client-side transforms)."""
 
-    def on_aggregate_end(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-0 leak point: the aggregate delta the server broadcasts (after server transforms)."""
 
-    def on_round_end(self, loop: FederatedLoop, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, loop: FederationView, round_idx: int, metrics: dict[str, float]) -> None:
         """A round finished; ``metrics`` is its history entry."""
 
     def state_dict(self) -> dict[str, Any]:

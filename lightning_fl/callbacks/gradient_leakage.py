@@ -16,7 +16,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.messages import LEAK_POINTS, GroundTruth, LeakPoint, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.view import FederationView as FederatedLoop
 
 __all__ = ["GradientLeakage"]
 

@@ -11,7 +11,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.privacy.accounting import PrivacyLedger
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["PrivacyBudget"]
 
@@ -48,20 +48,20 @@ class PrivacyBudget(FederatedCallback):
         self.stopped_at: int | None = None
 
     @staticmethod
-    def ledgers(loop: FederatedLoop) -> list[PrivacyLedger]:
+    def ledgers(loop: FederationView) -> list[PrivacyLedger]:
         """The loop's privacy-spending components."""
-        parts = [*loop.callbacks, *loop.client_transforms, *loop.server_transforms, *loop.broadcast_transforms]
+        parts = [*loop.callbacks, *loop.components]
         return [p for p in parts if isinstance(p, PrivacyLedger)]
 
     @override
-    def on_fit_start(self, loop: FederatedLoop) -> None:
+    def on_fit_start(self, loop: FederationView) -> None:
         ledgers = self.ledgers(loop)
         if not ledgers:
             raise ValueError(
                 "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
-                "DualDP) to loop.callbacks or the transforms."
+                "DualDPFL) to loop.defences or the transforms."
             )
-        first = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        first = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
         if loop.round_idx < loop.num_rounds and first > self.target_epsilon:
             raise ValueError(
                 f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "
@@ -69,19 +69,19 @@ class PrivacyBudget(FederatedCallback):
             )
 
     @override
-    def on_round_end(self, loop: FederatedLoop, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, loop: FederationView, round_idx: int, metrics: dict[str, Any]) -> None:
         should_stop, reason = self._evaluate_stopping_criteria(loop, round_idx)
         if should_stop:
             self.stopped_at = round_idx
             log.warning(reason)
             loop.request_stop(reason)
 
-    def _evaluate_stopping_criteria(self, loop: FederatedLoop, round_idx: int) -> tuple[bool, str]:
+    def _evaluate_stopping_criteria(self, loop: FederationView, round_idx: int) -> tuple[bool, str]:
         if round_idx + 1 >= loop.num_rounds:
             return False, ""
         ledgers = self.ledgers(loop)
         spent = sum(ledger.epsilon_spent() for ledger in ledgers)
-        projected = sum(ledger.epsilon_projected(loop) for ledger in ledgers)
+        projected = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
         if projected <= self.target_epsilon:
             return False, ""
         return True, (

@@ -25,7 +25,7 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from opacus.accountants.utils import get_noise_multiplier
 
 if TYPE_CHECKING:
-    from lightning_fl.loop import FederatedLoop
+    from lightning_fl.federation.contexts import FederationSpec
 
 __all__ = [
     "ACCOUNTANTS",
@@ -263,5 +263,5 @@ class PrivacyLedger(ABC):
         """Epsilon spent so far (worst case over clients)."""
 
     @abstractmethod
-    def epsilon_projected(self, loop: FederatedLoop) -> float:
-        """Epsilon after one more round, assuming the worst case (every client trains in it)."""
+    def epsilon_projected(self, spec: FederationSpec) -> float:
+        """Epsilon after one more round of the run ``spec``, assuming the worst case (every client trains in it)."""

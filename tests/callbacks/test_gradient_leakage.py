@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.attacks import DLGAttack, GradientAttack, Reconstruction
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.loop import FederatedLoop
 from lightning_fl.messages import ServerView
 from lightning_fl.private import mark_private, private_state
 from tests.conftest import make_classifier, one_step_attack_loop

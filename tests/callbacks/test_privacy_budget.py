@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.callbacks import PrivacyBudget
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedSDP
-from lightning_fl.loop import FederatedLoop
 from lightning_fl.privacy import PrivacyAccountant
 from tests.conftest import make_classifier
 

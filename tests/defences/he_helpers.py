@@ -12,7 +12,7 @@ from torch import Tensor
 
 from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences.secure_aggregation import PaillierEncryption
+from lightning_fl.defences.secure_aggregation.protocol import PaillierEncryption
 from tests.conftest import make_classifier
 
 KEY_SIZE = 512  # tests only (insecure; PaillierEncryption warns)

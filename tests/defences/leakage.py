@@ -17,8 +17,9 @@ from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import DefendedClassifier, KeyLocks, Passports, PrivateSplit
+from lightning_fl.defences import KeyLocks, Passports, PrivateSplit, apply_defences
 from lightning_fl.messages import GroundTruth
+from lightning_fl.models import ImageClassifier
 from lightning_fl.private import reset_private_state
 
 IMAGE_SIZE = 16
@@ -40,10 +41,10 @@ def digits(**kwargs: object) -> FederatedDataModule:
     return FederatedDataModule("digits", **{**options, **kwargs})
 
 
-def defended_model(dm: FederatedDataModule, defence: str, *, seed: int = MODEL_SEED) -> DefendedClassifier:
-    """The sigmoid LeNet classifier on ``dm`` with one of :data:`DEFENCES`, built from ``seed``."""
+def defended_model(dm: FederatedDataModule, defence: str, *, seed: int = MODEL_SEED) -> ImageClassifier:
+    """The sigmoid LeNet classifier on ``dm`` with one of :data:`DEFENCES` applied, built from ``seed``."""
     torch.manual_seed(seed)
-    return DefendedClassifier("lenet_dlg", defences=DEFENCES[defence](), **dm.model_options)
+    return apply_defences(ImageClassifier("lenet_dlg", **dm.model_options), DEFENCES[defence]())
 
 
 @functools.cache

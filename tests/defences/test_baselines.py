@@ -5,15 +5,9 @@ import math
 import pytest
 import torch
 
-from lightning_fl.defences.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
+from lightning_fl.defences.dp.baselines import GaussianNoise, GradientPruning, add_gaussian_noise, prune_smallest
 from lightning_fl.messages import ClientUpdate
-
-
-class _Loop:
-    """The part of FederatedLoop a client transform uses."""
-
-    def round_seed(self, *parts: object) -> int:
-        return 7
+from tests.conftest import plugin_context
 
 
 def _update(**metadata: object) -> ClientUpdate:
@@ -33,7 +27,7 @@ def test_gaussian_noise_in_gradient_units_scales_with_lr_and_steps() -> None:
     update = _update(lr=0.01, local_steps=16)
     transform = GaussianNoise(0.128)
     assert math.isclose(transform.update_noise_std(update), 0.128 * 0.01 * 4)
-    noised = transform(update, loop=_Loop())
+    noised = transform(update, ctx=plugin_context())
     assert abs(float(noised.delta["b"].std()) - 0.00512) < 0.003
     assert noised.metadata["noise_std"] == 0.128 and set(noised.delta) == {"w", "b"}
 
@@ -44,7 +38,7 @@ def test_gaussian_noise_in_update_units_is_added_as_is() -> None:
 
 def test_gaussian_noise_in_gradient_units_needs_lr_metadata() -> None:
     with pytest.raises(ValueError, match="needs the update's 'lr' and 'local_steps' metadata"):
-        GaussianNoise(0.1)(_update(), loop=_Loop())
+        GaussianNoise(0.1)(_update(), ctx=plugin_context())
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.2, 0.9])
@@ -67,7 +61,7 @@ def test_prune_smallest_over_the_update_ranks_across_tensors() -> None:
 
 
 def test_gradient_pruning_transform_prunes_the_shared_update() -> None:
-    pruned = GradientPruning(0.2)(_update(), loop=_Loop())
+    pruned = GradientPruning(0.2)(_update(), ctx=plugin_context())
     assert int((pruned.delta["w"] == 0).sum()) == 200
     assert pruned.metadata["prune_ratio"] == 0.2
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop, SetupContext
 from lightning_fl.callbacks import PrivacyBudget
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import DownlinkNoise, DualDP
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.defences import DownlinkNoise, DualDP, DualDPFL
 from lightning_fl.privacy import PrivacyAccountant
 from tests.conftest import make_classifier
 
 
-def _loop(tmp_path: Path, callbacks: list, broadcast: list, *, num_rounds: int = 3, **kwargs) -> FederatedLoop:
+def _loop(tmp_path: Path, defences: list, callbacks: list, *, num_rounds: int = 3, **kwargs) -> FederatedLoop:
     dm = FederatedDataModule("digits", num_clients=5, partition="label_buckets", image_size=16, batch_size=32, seed=0)
     torch.manual_seed(0)
     options = {"clients_per_round": 2, "local_epochs": 1, "eval_every": 0, "progress_bar": False} | kwargs
@@ -23,8 +23,8 @@ def _loop(tmp_path: Path, callbacks: list, broadcast: list, *, num_rounds: int =
         make_classifier(dm, optimizer="sgd", lr=0.05),
         dm,
         num_rounds=num_rounds,
+        defences=defences,
         callbacks=callbacks,
-        broadcast_transforms=broadcast,
         output_dir=tmp_path,
         **options,
     )
@@ -33,12 +33,12 @@ def _loop(tmp_path: Path, callbacks: list, broadcast: list, *, num_rounds: int =
 def test_sigma_is_calibrated_so_every_client_ends_within_the_budget(tmp_path: Path) -> None:
     dual = DualDP(target_epsilon=5.0, delta=1e-3)
     loop = _loop(tmp_path, [dual], [], num_rounds=4)
-    sigma = dual.calibrate(loop)
+    sigma = dual.calibrate(loop.spec)
     worst = 0.0
     for k in range(loop.num_clients):
         accountant = PrivacyAccountant()
-        steps = dual._steps_per_round(loop, k) * 4
-        accountant.step(noise_multiplier=sigma, sample_rate=dual._client_sample_rate(loop, k), steps=steps)
+        steps = loop.spec.steps_per_round(k) * 4
+        accountant.step(noise_multiplier=sigma, sample_rate=loop.spec.sample_rate(k), steps=steps)
         worst = max(worst, accountant.get_epsilon(1e-3))
     assert 4.9 <= worst <= 5.0
 
@@ -47,8 +47,10 @@ def test_sigma_is_calibrated_so_every_client_ends_within_the_budget(tmp_path: Pa
 def test_downlink_noise_is_independent_per_client_or_shared(tmp_path: Path, mode: str, distinct: bool) -> None:
     loop = _loop(tmp_path, [], [])
     noise = DownlinkNoise(sensitivity=1.0, noise_multiplier=2.0, mode=mode)
+    noise.setup(SetupContext.of(loop))
     state = {k: torch.zeros_like(v) for k, v in loop.global_public_state().items()}
-    a, b = noise(state, client_id=0, loop=loop), noise(state, client_id=1, loop=loop)
+    ctx = loop.round_context()
+    a, b = noise(state, ctx=loop.runner.context(ctx, 0)), noise(state, ctx=loop.runner.context(ctx, 1))
     assert (not torch.equal(a["backbone.fc.weight"], b["backbone.fc.weight"])) == distinct
     assert a["backbone.fc.weight"].std() == pytest.approx(2.0 / 2**0.5, rel=0.1)  # sigma S / sqrt(U), U = 2
 
@@ -56,16 +58,17 @@ def test_downlink_noise_is_independent_per_client_or_shared(tmp_path: Path, mode
 def test_no_downlink_noise_leaves_the_state_alone(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
     state = loop.global_public_state()
-    assert DownlinkNoise(mode="none")(state, client_id=0, loop=loop) is state
+    assert DownlinkNoise(mode="none")(state, ctx=loop.runner.context(loop.round_context(), 0)) is state
 
 
 def test_training_stops_when_the_budget_is_spent_never_after(tmp_path: Path) -> None:
-    dual, budget = DualDP(target_epsilon=None, noise_multiplier=1.0), PrivacyBudget(target_epsilon=3.0)
-    loop = _loop(tmp_path, [budget, dual], [DownlinkNoise(sensitivity=0.01)], num_rounds=20, checkpoint=False)
+    bundle, budget = DualDPFL(target_epsilon=None, noise_multiplier=1.0, sensitivity=0.01), PrivacyBudget(3.0)
+    dual = bundle.client
+    loop = _loop(tmp_path, [bundle], [budget], num_rounds=20, checkpoint=False)
     summary = loop.fit()
     epsilons = [h["epsilon"] for h in summary["history"]]
     assert len(epsilons) < 20 and max(epsilons) <= 3.0
-    assert dual.epsilon_projected(loop) > 3.0  # one more round would have overspent
+    assert dual.epsilon_projected(loop.spec) > 3.0  # one more round would have overspent
     assert "privacy budget" in summary["stop_reason"]
 
 
@@ -80,7 +83,7 @@ def test_downlink_noise_rejects_bad_settings(kwargs: dict, match: str) -> None:
         DownlinkNoise(**kwargs)
 
 
-def test_downlink_noise_without_sigma_or_dual_dp_says_what_to_add(tmp_path: Path) -> None:
+def test_downlink_noise_without_sigma_says_what_to_add(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
-    with pytest.raises(ValueError, match="needs a DualDP"):
-        DownlinkNoise()(loop.global_public_state(), client_id=0, loop=loop)
+    with pytest.raises(ValueError, match="use the DualDPFL defence"):
+        DownlinkNoise().setup(SetupContext.of(loop))

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torchvision import models as tv
 
-from lightning_fl.defences.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
+from lightning_fl.defences.model.keylock import KeyLock, KeyLockNorm2d, KeyLocks, add_keylock, lock_parameter_share
 from lightning_fl.models import LeNetDLG, resnet20, resnet32
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import attack_scores
@@ -96,7 +96,7 @@ def test_lock_parameter_share_needs_a_lock() -> None:
 
 
 def test_keylocks_defence_is_add_keylock() -> None:
-    net = KeyLocks(lock_act="sigmoid", key_length=16)(LeNetDLG(in_channels=1))
+    net = KeyLocks(lock_act="sigmoid", key_length=16).apply_to_model(LeNetDLG(in_channels=1))
     lock = net.body[0][1].lock
     assert lock.key.numel() == 16 and isinstance(lock.activation, nn.Sigmoid)
 

@@ -1,4 +1,4 @@
-"""Paillier encoding, packing and homomorphic arithmetic (lightning_fl.defences.paillier)."""
+"""Paillier encoding, packing and homomorphic arithmetic (lightning_fl.defences.secure_aggregation.paillier)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from lightning_fl.defences.paillier import (
+from lightning_fl.defences.secure_aggregation.paillier import (
     PackingSpec,
     decode_values,
     decrypt_tensors,

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_fl.defences.passport import PassportConv2d, Passports, add_passports
+from lightning_fl.defences.model.passport import PassportConv2d, Passports, add_passports
 from lightning_fl.models import LeNetDLG
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import attack_scores
@@ -75,7 +75,7 @@ def test_add_passports_rejects_more_convs_than_the_model_has() -> None:
 
 
 def test_passports_defence_is_add_passports() -> None:
-    net = Passports(num_convs=2, passport_dist="normal", passport_size=8)(LeNetDLG(in_channels=1))
+    net = Passports(num_convs=2, passport_dist="normal", passport_size=8).apply_to_model(LeNetDLG(in_channels=1))
     assert isinstance(net.body[2], PassportConv2d) and net.body[2].passport_beta.shape == (1, 12, 8, 8)
 
 

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_fl import FederatedLoop
 from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import FederatedCallback, GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import ClientDPSGD, FedCDP, FedSDP, PerExampleDP
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.defences import ClientDPSGD, Defence, FedCDP, FedSDP, PerExampleDP
+from lightning_fl.models import ImageClassifier
 from lightning_fl.privacy import PrivacyAccountant, Schedule
 from lightning_fl.server import FedAvg
 from tests.conftest import make_classifier, one_step_attack_loop
@@ -119,12 +120,21 @@ def test_per_example_dp_rejects_bad_options(kwargs: dict, match: str) -> None:
 
 
 # -- in the federated loop -------------------------------------------------------------------------------------
-def _loop(tmp_path: Path, callbacks: list, *, num_rounds: int = 2, **kwargs) -> FederatedLoop:
+def _loop(tmp_path: Path, parts: list, *, num_rounds: int = 2, **kwargs) -> FederatedLoop:
+    """A loop with the defence bundles in ``parts`` as defences and the rest as callbacks."""
     dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=16, seed=0)
     torch.manual_seed(0)
     options = {"clients_per_round": 2, "local_steps": 3, "eval_every": 0, "progress_bar": False} | kwargs
+    defences = [p for p in parts if isinstance(p, Defence)]
+    callbacks = [p for p in parts if not isinstance(p, Defence)]
     return FederatedLoop(
-        make_classifier(dm), dm, num_rounds=num_rounds, callbacks=callbacks, output_dir=tmp_path, **options
+        make_classifier(dm),
+        dm,
+        num_rounds=num_rounds,
+        defences=defences,
+        callbacks=callbacks,
+        output_dir=tmp_path,
+        **options,
     )
 
 
@@ -144,14 +154,16 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
     accountant.load_state_dict(extra[ClientDPSGD.extra_key])
     times = sum(sorted(trained)[0] in h["clients"] for h in full["history"])
     assert accountant.history == [(1.0, 16 / resumed_loop.datamodule.num_train_samples(sorted(trained)[0]), 3 * times)]
-    worker = resumed_loop.worker  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
+    worker = (
+        resumed_loop.runner.worker
+    )  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
     assert not any(m._forward_hooks or m._backward_hooks for m in worker.modules())
     assert not any(hasattr(p, "grad_sample") for p in worker.parameters())
     server = torch.load(tmp_path / "full" / "checkpoints" / "server.pt", weights_only=True)
     assert ClientDPSGD.extra_key not in str(server["callbacks"])
 
 
-def test_paper_accounting_counts_every_round_at_the_federation_rate(tmp_path: Path) -> None:
+def test_federation_accounting_counts_every_round_at_the_federation_rate(tmp_path: Path) -> None:
     cdp = FedCDP(noise_multiplier=6.0, accounting="federation", steps_offset=1, conversion="classic")
     loop = _loop(tmp_path, [cdp], num_rounds=2, checkpoint=False)
     summary = loop.fit()
@@ -191,13 +203,11 @@ def test_the_type_2_leak_point_sees_the_noised_gradient_the_client_applies(tmp_p
     assert max(g.abs().max() for g in released.gradients[0].values()) > 1.0
 
 
-def _attacked(tmp_path: Path, callbacks: list) -> dict:
+def _attacked(tmp_path: Path, defences: list) -> dict:
     attack = GradientLeakage(
         IDLGAttack(max_iterations=300, progress_bar=False), leak_point="local_gradient", save_images=False
     )
-    transforms = [t for t in callbacks if isinstance(t, FedSDP)]
-    loop = one_step_attack_loop(tmp_path, callbacks=[*callbacks, attack], client_transforms=transforms)
-    loop.callbacks = [c for c in loop.callbacks if not isinstance(c, FedSDP)]
+    loop = one_step_attack_loop(tmp_path, callbacks=[attack], defences=defences)
     return loop.fit()["attacks"][0]
 
 
@@ -223,7 +233,7 @@ def _fed_cdp_accuracy(tmp_path: Path, clip: float | Schedule) -> float:
         clients_per_round=4,
         local_epochs=1,
         eval_every=10,
-        callbacks=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="per_batch")],
+        defences=[FedCDP(noise_multiplier=3.0, max_grad_norm=clip, noise_scaling="per_batch")],
         aggregator=FedAvg(weighted=False),
         output_dir=tmp_path,
         checkpoint=False,
@@ -242,7 +252,11 @@ def test_decaying_the_clip_bound_beats_a_constant_one_at_equal_epsilon(tmp_path:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"accounting": "global"}, "'client' or 'federation'"), ({"delta": 0.0}, "delta"), ({"steps_offset": -1}, ">= 0")],
+    [
+        ({"accounting": "global"}, "'per_client' or 'federation'"),
+        ({"delta": 0.0}, "delta"),
+        ({"steps_offset": -1}, ">= 0"),
+    ],
 )
 def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -250,11 +264,11 @@ def test_fed_cdp_rejects_bad_settings(kwargs: dict, match: str) -> None:
 
 
 def test_fed_cdp_trains_a_passport_model_in_the_loop_and_keeps_passports_private(tmp_path: Path) -> None:
-    from lightning_fl.defences import DefendedClassifier, Passports
+    from lightning_fl.defences import Passports
 
     dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=16, seed=0)
     torch.manual_seed(0)
-    model = DefendedClassifier("lenet_dlg", defences=[Passports(num_convs=1, passport_size=16)], **dm.model_options)
+    model = ImageClassifier("lenet_dlg", **dm.model_options)
     recorder = _Updates()
     loop = FederatedLoop(
         model,
@@ -263,7 +277,8 @@ def test_fed_cdp_trains_a_passport_model_in_the_loop_and_keeps_passports_private
         clients_per_round=2,
         local_steps=3,
         eval_every=0,
-        callbacks=[FedCDP(noise_multiplier=1.0, noise_scaling="per_batch"), recorder],
+        defences=[Passports(num_convs=1, passport_size=16), FedCDP(noise_multiplier=1.0, noise_scaling="per_batch")],
+        callbacks=[recorder],
         output_dir=tmp_path,
         checkpoint=False,
         progress_bar=False,

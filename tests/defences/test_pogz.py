@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
-from lightning_fl.defences.pogz import ALLOCATIONS
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.defences.dp.pogz import ALLOCATIONS
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
 
@@ -104,12 +104,14 @@ class _Seen(ClientTransform):
     def __init__(self) -> None:
         self.deltas: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, update, *, loop):
+    def __call__(self, update, *, ctx):
         self.deltas.append(update.delta)
         return update
 
 
-@pytest.mark.parametrize(("mode", "expected_scale"), [("paper", 2 * 2e-3 * 0.01 / 0.25), ("delta", 2 * 0.01 / 0.25)])
+@pytest.mark.parametrize(
+    ("mode", "expected_scale"), [("two_eta_alpha", 2 * 2e-3 * 0.01 / 0.25), ("two_alpha", 2 * 0.01 / 0.25)]
+)
 def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expected_scale: float) -> None:
     """epsilon 1 split evenly over 4 layers; a delta clipped to L1 norm 0.01 is negligible beside the noise."""
     seen = _Seen()

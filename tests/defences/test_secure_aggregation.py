@@ -1,4 +1,4 @@
-"""Paillier secure aggregation inside a real FederatedLoop (lightning_fl.defences.secure_aggregation)."""
+"""Paillier secure aggregation inside a real FederatedLoop (lightning_fl.defences.secure_aggregation.protocol)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from torch import Tensor
 
-from lightning_fl import FedAvg, FederatedCallback, FederatedLoop
-from lightning_fl.defences.paillier import encrypt_tensors, generate_keypair
-from lightning_fl.defences.secure_aggregation import KEY_FIELD, EncryptedAggregate, SecureFedAvg
+from lightning_fl import FedAvg, FederatedCallback, FederatedLoop, RoundContext
+from lightning_fl.defences.secure_aggregation.paillier import encrypt_tensors, generate_keypair
+from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD, SecureFedAvg
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
-from tests.conftest import make_classifier
+from tests.conftest import make_classifier, plugin_context
 from tests.defences.he_helpers import KEY_SIZE, assert_holds_no_private_key, digits, he_transform, run_loop
 
 PARTIAL = ["backbone.fc.bias"]  # encrypt one small layer only, per value
@@ -26,11 +25,9 @@ class RecordingSecureFedAvg(SecureFedAvg):
         super().__init__()
         self.received: list[ClientUpdate] = []
 
-    def aggregate(
-        self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor]
-    ) -> dict[str, Tensor] | EncryptedAggregate:
+    def aggregate(self, updates: Sequence[ClientUpdate], *, ctx: RoundContext) -> tuple:
         self.received.extend(updates)
-        return super().aggregate(updates, global_state=global_state)
+        return super().aggregate(updates, ctx=ctx)
 
 
 class ViewRecorder(FederatedCallback):
@@ -98,11 +95,11 @@ def test_server_side_never_holds_or_receives_the_private_key(runs: dict) -> None
     for server_object in (loop.aggregator, loop.selector, loop.global_model, loop.server_transforms, loop.history):
         assert_holds_no_private_key(server_object, secret)
     assert_holds_no_private_key(loop.client_transforms[0], secret)  # the transform itself keeps only the public key
-    server_checkpoint = torch.load(loop.server_checkpoint_path, weights_only=True)
+    server_checkpoint = torch.load(loop.checkpoint.server_path, weights_only=True)
     assert_holds_no_private_key(server_checkpoint, secret)
-    assert prime_bytes(secret) not in loop.server_checkpoint_path.read_bytes()
+    assert prime_bytes(secret) not in loop.checkpoint.server_path.read_bytes()
     assert prime_bytes(secret) not in (loop.output_dir / "summary.json").read_bytes()
-    assert prime_bytes(secret) in loop.client_checkpoint_path(0).read_bytes()  # the search does find it client-side
+    assert prime_bytes(secret) in loop.checkpoint.client_path(0).read_bytes()  # the search does find it client-side
 
 
 def test_cost_metrics_reach_history_and_loggers(runs: dict) -> None:
@@ -148,4 +145,4 @@ def test_secure_fedavg_rejects_ciphertexts_of_foreign_layers() -> None:
     payload = encrypt_tensors({"w": torch.zeros(4)}, public_key=generate_keypair(spec=spec)[0], spec=spec)
     update = ClientUpdate(0, 0, {}, 10, 1.0, payload=payload)
     with pytest.raises(ValueError, match=r"client 0 sent ciphertexts for \['w'\] that do not match"):
-        SecureFedAvg().aggregate([update], global_state={"w": torch.zeros(5)})
+        SecureFedAvg().aggregate([update], ctx=plugin_context({"w": torch.zeros(5)}))

@@ -7,36 +7,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedSDP, FedSDPServerNoise
-from lightning_fl.loop import FederatedLoop
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server import FedAvg
-from tests.conftest import make_classifier
-
-
-class _Loop:
-    """The two things a transform asks of the loop when called on its own."""
-
-    round_idx, clients_per_round, num_clients = 0, 2, 20
-
-    def round_seed(self, *parts: object) -> int:
-        return hash(parts) & 0xFFFF
-
-    def log_metrics(self, metrics: dict) -> None:
-        self.logged = metrics
+from tests.conftest import make_classifier, plugin_context
 
 
 def test_fed_sdp_noise_has_std_sigma_c_per_coordinate_around_the_clipped_update() -> None:
     update = ClientUpdate(0, 0, {"w": torch.full((200_000,), 1.0), "b": torch.tensor([0.1])}, num_samples=5, loss=0.0)
-    sent = FedSDP(noise_multiplier=0.5, max_grad_norm=2.0)(update, loop=_Loop())
+    sent = FedSDP(noise_multiplier=0.5, max_grad_norm=2.0)(update, ctx=plugin_context(num_clients=20))
     clipped_w = 2.0 / 200_000**0.5  # the 'w' tensor is clipped to norm C on its own
     assert (sent.delta["w"] - clipped_w).std() == pytest.approx(0.5 * 2.0, rel=0.01)
     assert sent.metadata["clip_bound"] == 2.0
 
 
 def test_server_variant_adds_one_draw_divided_by_clients_per_round() -> None:
-    noisy = FedSDPServerNoise(noise_multiplier=0.5, max_grad_norm=2.0)({"w": torch.zeros(200_000)}, loop=_Loop())
+    noisy = FedSDPServerNoise(noise_multiplier=0.5, max_grad_norm=2.0)(
+        {"w": torch.zeros(200_000)}, ctx=plugin_context(num_clients=20)
+    )
     assert noisy["w"].std() == pytest.approx(0.5 * 2.0 / 2, rel=0.01)
 
 

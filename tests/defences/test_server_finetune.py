@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PublicFineTune
-from lightning_fl.loop import FederatedLoop
 from tests.conftest import make_classifier
 
 

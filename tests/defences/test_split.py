@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_fl.defences.split import PrivateFineTuning, PrivateSplit, split_private
+from lightning_fl.defences.model.split import PrivateFineTuning, PrivateSplit, split_private
 from lightning_fl.models import LeNetDLG, resnet20
 from lightning_fl.private import private_state, public_state
 from tests.defences.leakage import defended_model, digits
@@ -51,7 +51,7 @@ def test_split_private_rejects_bad_cuts(cut: int | str, match: str) -> None:
 
 
 def test_private_split_defence_is_split_private() -> None:
-    assert set(private_state(PrivateSplit(cut=1)(LeNetDLG()))) == {"body.0.weight", "body.0.bias"}
+    assert set(private_state(PrivateSplit(cut=1).apply_to_model(LeNetDLG()))) == {"body.0.weight", "body.0.bias"}
 
 
 def test_private_fine_tuning_trains_private_layers_only() -> None:

@@ -15,7 +15,7 @@ import torch
 
 from lightning_fl import cli
 from lightning_fl.cli import main
-from lightning_fl.loop import FederatedLoop
+from lightning_fl.federation.loop import FederatedLoop
 from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
 
 REPO = QUICKSTART.parents[1]
@@ -72,7 +72,7 @@ def test_the_cli_shows_the_toolkits_warnings_and_hides_lightnings(recwarn) -> No
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         cli._quiet()
-        warnings.warn_explicit("client 3 dropped", UserWarning, "loop.py", 1, module="lightning_fl.loop")
+        warnings.warn_explicit("client 3 dropped", UserWarning, "loop.py", 1, module="lightning_fl.federation.loop")
         warnings.warn_explicit("few workers", UserWarning, "data.py", 1, module="lightning.pytorch.trainer")
     assert [str(w.message) for w in recwarn] == ["client 3 dropped"]
 

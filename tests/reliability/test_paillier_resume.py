@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_fl.cli import main
-from lightning_fl.defences.paillier import (
+from lightning_fl.defences.secure_aggregation.paillier import (
     PackingSpec,
     decrypt_tensors,
     encrypt_tensors,
@@ -18,7 +18,7 @@ from lightning_fl.defences.paillier import (
     private_key_from_state,
     private_key_state,
 )
-from lightning_fl.defences.secure_aggregation import KEY_FIELD
+from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD
 from tests.reliability.helpers import CONFIGS
 
 HE_CONFIG = CONFIGS / "fedboosting_he_digits.yaml"

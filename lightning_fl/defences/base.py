@@ -1,0 +1,122 @@
+"""Defence bundles: one object per defence, declaring what it adds at each stage of a federated run.
+
+A defence often acts at several places at once: Fed-CDP adds a DP optimiser to every client's Trainer and an
+accountant to the run; 2DP-FL adds client DP-SGD and noise on the broadcast, with one shared sigma; key-lock
+adds private layers to the model. A :class:`Defence` declares all its parts, owns the values they share, and
+goes into one list: ``FederatedLoop(defences=[...])``, the top-level ``defences:`` key of a YAML config (for any
+model, applied after it is built), or :func:`apply_defences` for a plain Lightning project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from lightning_fl.callbacks.base import FederatedCallback
+    from lightning_fl.server.aggregation import Aggregator
+    from lightning_fl.server.selection import ClientSelector
+    from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+
+__all__ = ["Defence", "DefenceParts", "apply_defences", "collect_parts"]
+
+
+@dataclass
+class DefenceParts:
+    """What a defence contributes, stage by stage (all optional).
+
+    Args:
+        client_callbacks: Lightning callbacks in every client's Trainer (per-example DP, private fine-tuning).
+        callbacks: federated callbacks (accountants that follow the rounds).
+        client_transforms: the client-side chain on each update (clip, noise, encrypt).
+        server_transforms: the server-side chain on the aggregate (server noise, public fine-tuning).
+        broadcast_transforms: the chain on the state sent to each client (downlink noise).
+        aggregator: the aggregation rule this defence needs (at most one defence may set it).
+        selector: the client selection this defence needs (at most one defence may set it).
+    """
+
+    client_callbacks: list[L.Callback] = field(default_factory=list)
+    callbacks: list[FederatedCallback] = field(default_factory=list)
+    client_transforms: list[ClientTransform] = field(default_factory=list)
+    server_transforms: list[ServerTransform] = field(default_factory=list)
+    broadcast_transforms: list[BroadcastTransform] = field(default_factory=list)
+    aggregator: Aggregator | None = None
+    selector: ClientSelector | None = None
+
+
+class Defence:
+    """Base class of defence bundles; override :meth:`apply_to_model` and/or :meth:`parts`.
+
+    Subclasses hold their options (and the values their parts share, such as sigma or keys) and are chosen in
+    YAML with ``class_path``/``init_args``.
+    """
+
+    def apply_to_model(self, model: nn.Module) -> nn.Module:
+        """Change ``model`` in place (add private layers, passports, key-locks) and return it. Default: no change."""
+        return model
+
+    def parts(self) -> DefenceParts:
+        """The callbacks, transforms, aggregator and selector this defence adds to a federated run."""
+        return DefenceParts()
+
+
+def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
+    """Apply the model layers of ``defences`` to ``model``, in order; returns the (same) model.
+
+    For a plain Lightning project: ``apply_defences(my_module, [KeyLocks()])``, then train it with any
+    Trainer plus the client callbacks of :meth:`Defence.parts` (for example :class:`PerExampleDP`).
+
+    Raises:
+        TypeError: if an entry is not a :class:`Defence`.
+
+    Example:
+        >>> from lightning_fl.defences import KeyLocks
+        >>> net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+        >>> type(apply_defences(net, [KeyLocks(key_length=8)])[1]).__name__
+        'KeyLockNorm2d'
+    """
+    applied = model.__dict__.setdefault("_fl_applied_defences", [])  # a second loop on the same model: no re-apply
+    for defence in defences:
+        if not isinstance(defence, Defence):
+            raise TypeError(
+                f"defences=[..., {type(defence).__name__}, ...] is not a Defence; pass Defence bundles (Passports, "
+                "KeyLocks, FedCDP, ...). Plain callbacks and transforms go to loop.callbacks / loop.*_transforms."
+            )
+        if id(defence) in applied:
+            continue
+        returned = defence.apply_to_model(model)
+        if returned is not model:
+            raise TypeError(f"{type(defence).__name__}.apply_to_model must change the model in place and return it.")
+        applied.append(id(defence))
+    return model
+
+
+def collect_parts(
+    defences: Sequence[Defence], *, model: nn.Module, aggregator: Any = None, selector: Any = None
+) -> DefenceParts:
+    """Apply ``defences`` to ``model`` and merge their parts; the loop's own aggregator/selector conflict raises.
+
+    Raises:
+        ValueError: if two sources set the aggregator (or the selector).
+    """
+    apply_defences(model, defences)
+    merged = DefenceParts(aggregator=aggregator, selector=selector)
+    for defence in defences:
+        parts = defence.parts()
+        for name in ("client_callbacks", "callbacks", "client_transforms", "server_transforms", "broadcast_transforms"):
+            getattr(merged, name).extend(getattr(parts, name))
+        for name in ("aggregator", "selector"):
+            mine = getattr(parts, name)
+            if mine is not None and getattr(merged, name) is not None:
+                raise ValueError(
+                    f"{type(defence).__name__} sets the {name}, but loop.{name} (or another defence) already does; "
+                    f"remove one of them."
+                )
+            if mine is not None:
+                setattr(merged, name, mine)
+    return merged

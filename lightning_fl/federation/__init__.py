@@ -1,0 +1,55 @@
+"""The federation: the loop (orchestration only), the contexts plug-ins receive, and the loop's parts.
+
+Contexts are imported eagerly; the loop and its parts lazily, because the plug-ins the loop imports
+(transforms, aggregators, defences) themselves import the contexts.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from lightning_fl.federation.contexts import (
+    ClientContext,
+    ClientState,
+    FederationSpec,
+    RoundContext,
+    SetupContext,
+    derive_seed,
+)
+
+_LAZY = {
+    "FederatedLoop": "lightning_fl.federation.loop",
+    "ClientRunner": "lightning_fl.federation.client_runner",
+    "Checkpoint": "lightning_fl.federation.checkpoint",
+    "Evaluator": "lightning_fl.federation.evaluation",
+    "LeakPoints": "lightning_fl.federation.leak_points",
+    "LocalGradientSource": "lightning_fl.federation.leak_points",
+    "RunRecorder": "lightning_fl.federation.recording",
+    "FederationView": "lightning_fl.federation.view",
+    "check_model": "lightning_fl.federation.model_contract",
+    "split_batch": "lightning_fl.federation.model_contract",
+}
+
+__all__ = [
+    "Checkpoint",
+    "ClientContext",
+    "ClientRunner",
+    "ClientState",
+    "Evaluator",
+    "FederatedLoop",
+    "FederationSpec",
+    "FederationView",
+    "LeakPoints",
+    "LocalGradientSource",
+    "RoundContext",
+    "RunRecorder",
+    "SetupContext",
+    "check_model",
+    "derive_seed",
+    "split_batch",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lightning_fl.federation' has no attribute {name!r}")

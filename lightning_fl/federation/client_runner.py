@@ -1,0 +1,145 @@
+"""The client runner: trains one whole client on what it received and returns its raw update.
+
+This is the seam for parallel back ends: a runner takes a :class:`~lightning_fl.federation.ClientContext` and the
+state the client received and returns a :class:`~lightning_fl.messages.ClientUpdate`. :class:`ClientRunner` does it
+in this process with one reused worker model; worker processes, Ray actors or DDP ranks would each train whole
+clients the same way (same seeds, so the same results) and send the updates back.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_fl.federation.contexts import ClientContext, ClientState, FederationSpec, derive_seed
+from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+from lightning_fl.messages import ClientUpdate
+from lightning_fl.private import load_state_into, private_state, public_state, reset_private_state
+
+if TYPE_CHECKING:
+    from lightning_fl.datamodules.federated import FederatedDataModule
+
+__all__ = ["ClientRunner", "seed_all"]
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (dropout, augmentation inside a client fit)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class ClientRunner:
+    """Train whole clients in this process, one after the other, on one reused worker model.
+
+    Private state is born client-side: the first time a client trains, every private module draws its own
+    secrets (``reset_private``) from ``derive_seed(seed, "private", client_id)``. The client keeps them only once
+    that fit succeeded, so a client whose first fit fails draws the same secrets again next time.
+
+    Args:
+        model: the global model; the worker is a copy of it, built once.
+        datamodule: the federated data.
+        spec: the run's shape (local epochs or steps, the master seed).
+        trainer_options: options of each client's Trainer (see :func:`.trainers.trainer_options`).
+        train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
+    """
+
+    def __init__(
+        self,
+        model: L.LightningModule,
+        datamodule: FederatedDataModule,
+        spec: FederationSpec,
+        *,
+        trainer_options: dict[str, Any],
+        train_loss_key: str = "train_loss",
+    ) -> None:
+        self.global_model, self.datamodule, self.trainer_options = model, datamodule, trainer_options
+        self.local_epochs, self.local_steps, self.seed = spec.local_epochs, spec.local_steps, spec.seed
+        self.train_loss_key = train_loss_key
+        self.states = [ClientState(k) for k in range(datamodule.num_clients)]
+        self.initial_private = {k: v.detach().clone() for k, v in private_state(model).items()}
+        self._worker: L.LightningModule | None = None
+
+    @property
+    def worker(self) -> L.LightningModule:
+        """The one local model instance reused for every client fit (built once, never per client)."""
+        if self._worker is None:
+            self._worker = copy.deepcopy(self.global_model)
+        return self._worker
+
+    def context(self, round_ctx: Any, client_id: int) -> ClientContext:
+        """The :class:`ClientContext` of ``client_id`` in the round ``round_ctx``."""
+        return ClientContext(
+            spec=round_ctx.spec,
+            round_idx=round_ctx.round_idx,
+            global_state=round_ctx.global_state,
+            metrics_sink=round_ctx.metrics_sink,
+            client_id=client_id,
+            model=self.worker,
+            state=self.states[client_id],
+            val_dataloader=lambda: self.datamodule.val_dataloader(client_id),
+        )
+
+    def load_client(self, ctx: ClientContext, received: dict[str, Tensor]) -> None:
+        """Load the received public state and the client's own private state into the worker."""
+        worker, state = self.worker, self.states[ctx.client_id]
+        load_state_into(worker, received)
+        if not self.initial_private:
+            return
+        if state.initialised:
+            load_state_into(worker, state.private)
+        else:
+            load_state_into(worker, self.initial_private)
+            reset_private_state(
+                worker, generator=torch.Generator().manual_seed(derive_seed(self.seed, "private", ctx.client_id))
+            )
+
+    def fit(
+        self, ctx: ClientContext, received: dict[str, Tensor], *, callbacks: Sequence[L.Callback] = ()
+    ) -> ClientUpdate:
+        """Train client ``ctx.client_id`` on ``received`` and return its raw update (before client transforms)."""
+        client_id, worker = ctx.client_id, self.worker
+        self.load_client(ctx, received)
+        fit_seed = ctx.seed("fit", client_id)
+        seed_all(fit_seed)
+        loader = self.datamodule.train_dataloader(client_id, seed=fit_seed)
+        steps = (
+            {"max_steps": self.local_steps, "max_epochs": -1} if self.local_steps else {"max_epochs": self.local_epochs}
+        )
+        with quiet_lightning():
+            trainer = build_trainer(self.trainer_options, callbacks=list(callbacks), **steps)
+            trainer.fit(worker, train_dataloaders=loader)
+        state = self.states[client_id]
+        state.private = {k: v.detach().clone() for k, v in private_state(worker).items()}
+        state.initialised = bool(state.private)
+        local = public_state(worker)
+        loss = trainer.callback_metrics.get(self.train_loss_key)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        return ClientUpdate(
+            client_id=client_id,
+            round_idx=ctx.round_idx,
+            delta={k: (local[k] - received[k]).detach().clone() for k in ctx.spec.update_keys},
+            num_samples=self.datamodule.num_train_samples(client_id),
+            loss=float(loss) if loss is not None else math.nan,
+            metadata={
+                "local_steps": int(trainer.global_step),
+                "local_epochs": int(trainer.current_epoch),
+                "lr": optimizer.param_groups[0]["lr"] if optimizer is not None else None,
+                "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None,
+                "batch_size": getattr(loader, "batch_size", None),
+            },
+        )
+
+    def state_dicts(self, client_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Client-side storage of the clients in ``client_ids`` that hold anything."""
+        return {
+            k: self.states[k].state_dict() for k in client_ids if self.states[k].initialised or self.states[k].extra
+        }

@@ -1,0 +1,142 @@
+"""Evaluation of the global model, or of each trained client's own model for personalised defences."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import lightning as L
+import numpy as np
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lightning_fl.federation.contexts import ClientState
+from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+from lightning_fl.private import load_state_into
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["ClientEvaluation", "Evaluator", "logged_metric"]
+
+EvalOn = Literal["global", "clients"]
+
+
+def logged_metric(results: dict[str, Any], key: str, *, owner: str, hook: str, field: str) -> float:
+    """``results[key]`` as a float, or a ``KeyError`` that lists what was logged and how to fix it."""
+    if key not in results:
+        raise KeyError(
+            f"{field}={key!r} was not logged by {owner}.{hook}; logged: {sorted(results)}. "
+            f"HINT: log it with self.log({key!r}, ...) in {hook} or change {field}."
+        )
+    return float(results[key])
+
+
+class ClientEvaluation:
+    """A declared evaluation step on the clients' side: a model goes out, one scalar loss per client comes back.
+
+    A server-side rule that needs the clients' judgement (FedBoosting's cross-validation, thesis Alg. 2) asks
+    for it here instead of reaching into the clients: each client decodes the message with its own state (a
+    Paillier key), loads its own private layers and evaluates on its own data; only the losses go back.
+    Simulation shortcut (documented in FedBoosting): the first client of ``client_ids`` decodes once for all.
+
+    Args:
+        model: the global model (architecture); evaluation runs on a copy.
+        datamodule: the federated data (each client's train and validation sets).
+        states: the clients' own states.
+        options: the inner Trainers' options.
+    """
+
+    def __init__(self, model: L.LightningModule, datamodule: Any, states: Sequence[ClientState], options: dict) -> None:
+        self._global, self._datamodule, self._states, self._options = model, datamodule, states, options
+        self._model: L.LightningModule | None = None  # copied on first use: most runs never ask
+        self._trainer: L.Trainer | None = None
+
+    def losses(
+        self,
+        message: Any,
+        *,
+        base_state: dict[str, Tensor],
+        client_ids: Sequence[int],
+        split: Literal["train", "val"],
+        metric: str,
+        decode: Callable[..., dict[str, Tensor]] | None = None,
+        field: str = "metric",
+    ) -> list[float]:
+        """``metric`` of the model ``base_state + decode(message)`` on the ``split`` data of each client.
+
+        ``decode(message, client=state)`` runs with a client's own state (``None``: the message is a plain delta).
+        """
+        if self._model is None:
+            self._model = copy.deepcopy(self._global)
+        delta = decode(message, client=self._states[client_ids[0]]) if decode is not None else message
+        load_state_into(self._model, {k: v + delta[k].to(v.dtype) if k in delta else v for k, v in base_state.items()})
+        dm, out = self._datamodule, []
+        for client_id in client_ids:
+            if self._states[client_id].private:
+                load_state_into(self._model, self._states[client_id].private)
+            dataset = dm.client_train_set(client_id) if split == "train" else dm.client_val_set(client_id)
+            if self._trainer is None:
+                self._trainer = build_trainer(self._options, validate=True)
+            with quiet_lightning():
+                results = self._trainer.validate(
+                    self._model, dataloaders=DataLoader(dataset, batch_size=dm.eval_batch_size), verbose=False
+                )
+            owner = type(self._model).__name__
+            out.append(logged_metric(results[0], metric, owner=owner, hook="validation_step", field=field))
+        return out
+
+
+class Evaluator:
+    """Test accuracy on the held-out data, every ``every`` rounds and after the last.
+
+    Args:
+        options: the inner Trainers' options.
+        every: evaluate every this many rounds (and always after the last); 0 disables.
+        on: ``global`` tests the global model; ``clients`` averages each trained client's own model
+            (global public state + its private layers), as personalised defences need.
+        metric: the name the model logs in ``test_step``.
+    """
+
+    def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):
+        if every < 0:
+            raise ValueError(f"loop.eval_every={every} must be >= 0.")
+        if on not in ("global", "clients"):
+            raise ValueError(f"loop.eval_on={on!r} is unknown; use 'global' or 'clients'.")
+        self.options, self.every, self.on, self.metric = options, every, on, metric
+        self._trainer: L.Trainer | None = None
+
+    def due(self, round_idx: int, num_rounds: int) -> bool:
+        """Whether round ``round_idx`` ends with an evaluation."""
+        return bool(self.every) and ((round_idx + 1) % self.every == 0 or round_idx == num_rounds - 1)
+
+    def test(self, model: L.LightningModule, loader: Iterable[Any]) -> float:
+        """``metric`` of ``model`` on ``loader``."""
+        with quiet_lightning():
+            if self._trainer is None:
+                self._trainer = build_trainer(self.options)
+            results = self._trainer.test(model, dataloaders=loader, verbose=False)
+        return logged_metric(
+            results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
+        )
+
+    def evaluate(
+        self,
+        global_model: L.LightningModule,
+        loader: Iterable[Any],
+        *,
+        worker: L.LightningModule,
+        clients: Sequence[ClientState],
+        public: dict[str, Tensor],
+    ) -> float:
+        """The global model's score, or the mean over trained clients' own models (``on="clients"``)."""
+        trained = [c for c in clients if c.initialised]
+        if self.on == "global" or not trained:
+            return self.test(global_model, loader)
+        scores = []
+        for client in trained:
+            load_state_into(worker, public)
+            load_state_into(worker, client.private)
+            scores.append(self.test(worker, loader))
+        return float(np.mean(scores))

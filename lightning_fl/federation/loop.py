@@ -1,0 +1,298 @@
+"""FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
+
+The loop only orchestrates: clients train in the :class:`ClientRunner`, views are built by :class:`LeakPoints`,
+and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow
+contexts (:mod:`lightning_fl.federation.contexts`); FL callbacks receive the loop, as Lightning callbacks receive
+the Trainer. Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues
+exactly as the uninterrupted one. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import Logger
+from torch import Tensor
+
+from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.datamodules.federated import FederatedDataModule
+from lightning_fl.defences.base import Defence, collect_parts
+from lightning_fl.federation.checkpoint import Checkpoint
+from lightning_fl.federation.client_runner import ClientRunner
+from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
+from lightning_fl.federation.leak_points import LeakPoints
+from lightning_fl.federation.model_contract import check_model
+from lightning_fl.federation.recording import RunRecorder
+from lightning_fl.federation.trainers import quiet_lightning, trainer_options
+from lightning_fl.federation.updates import Downlink, check_aggregate, check_update, decode_aggregate
+from lightning_fl.federation.view import FederationView
+from lightning_fl.messages import ClientUpdate
+from lightning_fl.private import public_state
+from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
+from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+
+__all__ = ["FederatedLoop"]
+
+log = logging.getLogger(__name__)
+
+
+class FederatedLoop:
+    """Run federated training where every client is an ordinary Lightning Trainer.
+
+    Args:
+        model: the global model; any ``LightningModule`` (see :mod:`lightning_fl.federation.model_contract`).
+            Modules marked private (see :mod:`lightning_fl.private`) stay on the clients.
+        datamodule: the federated data.
+        num_rounds: number of communication rounds T.
+        clients_per_round: clients per round: an int K, or a fraction C in (0, 1] of the clients.
+        local_epochs: local epochs E per client fit; local_steps: optimiser steps instead of epochs.
+        defences: defence bundles; each adds its model layers (applied to ``model`` now), client callbacks,
+            transforms, aggregator or selector to the stages below (see :class:`~lightning_fl.defences.Defence`).
+        selector: client selection strategy (uniform by default).
+        aggregator: aggregation rule (sample-weighted FedAvg by default).
+        client_transforms: client-side chain applied to each update before it is sent (clip, noise, encrypt).
+        server_transforms: server-side chain applied to the aggregate delta (server noise, fine-tuning).
+        broadcast_transforms: server-side chain applied to the global state sent to each client.
+        callbacks: federated callbacks (attacks, budget, logging).
+        client_callbacks: Lightning callbacks added to every client's Trainer.
+        trainer: options for each client's ``lightning.Trainer`` (``accelerator``, ``devices``, ``strategy``,
+            ``precision``, ...); logging, checkpointing and the per-client progress bar are off unless given.
+        loggers: Lightning loggers stepped by round (a CSV logger is always added); wandb_project and
+            wandb_mode (``offline`` by default) add Weights & Biases.
+        eval_every: evaluate every this many rounds (and always after the last); 0 disables.
+        eval_on: ``global`` evaluates the global model; ``clients`` averages the accuracy of each trained
+            client's own model (global public state + its private layers), as personalised defences need.
+        eval_metric: the name the model logs in ``test_step`` (reported as ``test_accuracy``); train_loss_key:
+            the one it logs in ``training_step`` (reported as ``train_loss``).
+        min_clients: a round fails with an error when fewer valid updates than this remain.
+        output_dir: run directory for ``summary.json``, checkpoints, logs and attack images.
+        checkpoint: write a checkpoint after every round (needed for ``resume``).
+        seed: master seed; every random stream derives from it.
+        progress_bar: show a rich progress bar over rounds.
+
+    Raises:
+        ValueError: on inconsistent settings (named in the message), before any training.
+        TypeError: on a model that cannot be a client model (the message says what to add).
+    """
+
+    def __init__(
+        self,
+        model: L.LightningModule,
+        datamodule: FederatedDataModule,
+        *,
+        num_rounds: int = 10,
+        clients_per_round: int | float = 1.0,
+        local_epochs: int = 1,
+        local_steps: int | None = None,
+        defences: Sequence[Defence] = (),
+        selector: ClientSelector | None = None,
+        aggregator: Aggregator | None = None,
+        client_transforms: Sequence[ClientTransform] = (),
+        server_transforms: Sequence[ServerTransform] = (),
+        broadcast_transforms: Sequence[BroadcastTransform] = (),
+        callbacks: Sequence[FederatedCallback] = (),
+        client_callbacks: Sequence[L.Callback] = (),
+        trainer: dict[str, Any] | None = None,
+        loggers: Sequence[Logger] = (),
+        wandb_project: str | None = None,
+        wandb_mode: Literal["offline", "online", "disabled"] = "offline",
+        eval_every: int = 1,
+        eval_on: Literal["global", "clients"] = "global",
+        eval_metric: str = "test_acc",
+        train_loss_key: str = "train_loss",
+        min_clients: int = 1,
+        output_dir: str | Path = "runs/lightning-fl",
+        checkpoint: bool = True,
+        seed: int = 0,
+        progress_bar: bool = True,
+    ) -> None:
+        check_model(model)
+        datamodule.setup()  # load and partition now, so data errors surface before any training
+        parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
+        self.spec = FederationSpec.build(
+            model,
+            datamodule,
+            clients_per_round=clients_per_round,
+            num_rounds=num_rounds,
+            local_epochs=local_epochs,
+            local_steps=local_steps,
+            seed=seed,
+            min_clients=min_clients,
+        )
+        self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
+        options = trainer_options(trainer)
+        self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
+        self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
+        self.local_epochs, self.local_steps, self.seed = local_epochs, local_steps, seed
+        self.selector = parts.selector or UniformSelector()
+        self.aggregator = parts.aggregator or FedAvg()
+        # a defence's parts run before the loop's own ones (an accountant before the budget that reads it)
+        self.client_transforms = [*parts.client_transforms, *client_transforms]
+        self.server_transforms = [*parts.server_transforms, *server_transforms]
+        self.broadcast_transforms = [*parts.broadcast_transforms, *broadcast_transforms]
+        self.callbacks = [*parts.callbacks, *callbacks]
+        self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
+        self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
+        self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
+        self.recorder = RunRecorder(
+            self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
+        )
+        self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
+        self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
+        self.view = FederationView(self)  # what FL callbacks receive
+        self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
+        self.downlink = Downlink(self.broadcast_transforms)
+        self.round_idx = 0
+
+    @property
+    def clients(self) -> list[Any]:
+        """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
+        return self.runner.states
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.recorder.history
+
+    def global_public_state(self) -> dict[str, Tensor]:
+        """The public global state (references into the global model)."""
+        return public_state(self.global_model)
+
+    def round_context(self) -> RoundContext:
+        """The :class:`RoundContext` of the current round."""
+        return RoundContext(self.spec, self.round_idx, self.global_public_state(), self.recorder.log_metrics)
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Add metrics to the current round's history entry (and the loggers), e.g. ``{"epsilon": 1.2}``."""
+        self.recorder.log_metrics(metrics)
+
+    def record_attack(self, entry: dict[str, Any]) -> None:
+        """Append one attack result to ``summary.json["attacks"]``."""
+        self.recorder.record_attack(entry)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after the current round (used by the privacy-budget callback)."""
+        self.recorder.stop_reason = reason
+
+    def _run_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+        for cb in self.callbacks:
+            cb.on_client_fit_start(self.view, client_id)
+        ctx = self.runner.context(round_ctx, client_id)
+        received = self.downlink.send(ctx)
+        try:
+            callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=client_id)
+            update = self.runner.fit(ctx, received, callbacks=callbacks)
+            for cb in self.callbacks:
+                cb.on_client_fit_end(self.view, update)
+            for transform in self.client_transforms:
+                update = transform(update, ctx=ctx)
+        except Exception as err:  # a failing client must never stop or corrupt the federation
+            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=2)
+            log.exception("client %s failed", client_id)
+            return None
+        reason = check_update(update, {k: round_ctx.global_state[k] for k in self.spec.update_keys})
+        if reason is not None:
+            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=2)
+            return None
+        self.leaks.client_update(update, received)
+        return update
+
+    def run_round(self) -> dict[str, Any]:
+        """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
+        self.recorder.round_metrics = {}
+        self.downlink.start_round()
+        ctx = self.round_context()
+        selected = self.selector.select(
+            round_idx=self.round_idx,
+            num_clients=self.num_clients,
+            k=self.clients_per_round,
+            generator=ctx.rng("select"),
+        )
+        for cb in self.callbacks:
+            cb.on_round_start(self.view, self.round_idx, selected)
+        updates = [u for u in (self._run_client(ctx, k) for k in selected) if u is not None]
+        if len(updates) < self.min_clients:
+            raise RuntimeError(
+                f"round {self.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
+                f"but loop.min_clients={self.min_clients}; see the warnings above for why clients were dropped."
+            )
+        updates = [self.downlink.against_global(u) for u in updates]
+        self.selector.observe(updates)
+        aggregate, metrics = self.aggregator.aggregate(updates, ctx=ctx)
+        self.log_metrics(metrics)
+        decoder = self.runner.context(ctx, updates[0].client_id)  # any participating client holds the keys
+        delta = readable = decode_aggregate(aggregate, self.client_transforms, ctx=decoder, source=self.aggregator)
+        if updates[0].payload is not None:  # the server itself reads only the plaintext part of an encoded one
+            readable = {k: v for k, v in delta.items() if all(k in u.delta for u in updates)}
+        for transform in self.server_transforms:
+            delta = transform(delta, ctx=ctx)
+        check_aggregate(delta, round_idx=self.round_idx)
+        global_state = self.global_public_state()
+        self.leaks.aggregate(updates, global_state=global_state, readable=readable)
+        with torch.no_grad():
+            for key, value in delta.items():
+                global_state[key].add_(value.to(global_state[key].dtype))
+        entry = self.recorder.new_entry(self.round_idx, updates)
+        if self.evaluator.due(self.round_idx, self.num_rounds):
+            entry["test_accuracy"] = self.evaluate()
+        entry.update(self.recorder.round_metrics)
+        return entry
+
+    def evaluate(self) -> float:
+        """Test accuracy of the global model, or the mean over trained clients' own models (``eval_on``)."""
+        public = {k: v.detach().clone() for k, v in self.global_public_state().items()}
+        loader = self.datamodule.test_dataloader()
+        return self.evaluator.evaluate(
+            self.global_model, loader, worker=self.runner.worker, clients=self.clients, public=public
+        )
+
+    def components(self) -> list[Any]:
+        """The stateful server-side parts, in checkpoint order."""
+        transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
+        return [self.selector, self.aggregator, *transforms]
+
+    def fit(self, *, resume: bool = False) -> dict[str, Any]:
+        """Run the remaining rounds; with ``resume``, continue from the last checkpointed round.
+
+        Returns:
+            the summary (also written to ``output_dir/summary.json``).
+        """
+        from rich.progress import Progress
+
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume and self.checkpoint.restore_run(self):
+            log.info("resumed after round %d", self.round_idx - 1)
+        self.recorder.stop_reason = None
+        self.recorder.start()
+        setup = SetupContext.of(self)
+        for component in self.components():
+            component.setup(setup)
+        for cb in self.callbacks:
+            cb.on_fit_start(self.view)
+        with quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
+            task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
+            while self.round_idx < self.num_rounds:
+                entry = self.run_round()
+                self.recorder.end_round(entry)
+                for cb in self.callbacks:
+                    cb.on_round_end(self.view, self.round_idx, entry)
+                self.round_idx += 1
+                if self.checkpoint.enabled:
+                    self.checkpoint.save_run(self, touched=entry["clients"])
+                self.recorder.write_summary()
+                acc = entry.get("test_accuracy")
+                progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")
+                if self.recorder.stop_reason:
+                    log.warning("stopping after round %d: %s", self.round_idx - 1, self.recorder.stop_reason)
+                    break
+        for cb in self.callbacks:
+            cb.on_fit_end(self.view)
+        self.recorder.finalize()
+        self.recorder.write_summary()
+        return self.recorder.summary()

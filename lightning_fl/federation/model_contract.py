@@ -1,0 +1,59 @@
+"""What the loop needs from a user's ``LightningModule``, checked before any training, with the fix in the error.
+
+The contract (any ``LightningModule`` meets it without subclassing anything):
+
+1. ``training_step`` logs the training loss under ``loop.train_loss_key`` (``"train_loss"`` by default) with
+   ``self.log(...)``; the loop reports its mean over clients. A model that logs nothing still trains; the
+   round's ``train_loss`` is then ``None`` and a warning names the logged keys.
+2. ``configure_optimizers`` returns one optimiser (or a dict/list with one); its first parameter group's
+   ``lr`` is reported as public metadata (attacks that replay local steps need it).
+3. Batches are ``(inputs, targets, ...)``. For another structure (dicts, several inputs) define
+   ``fl_split_batch(self, batch) -> tuple[Tensor, Tensor]`` on the module: the hook that tells the loop
+   which part is the input and which the label, for the type-2 leak point's ground truth and its metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from torch import Tensor
+
+__all__ = ["check_model", "split_batch"]
+
+
+def check_model(model: object) -> None:
+    """Raise at loop construction when ``model`` cannot be a client model, saying how to fix it.
+
+    Raises:
+        TypeError: if ``model`` is not a ``LightningModule`` or does not define ``training_step`` or
+            ``configure_optimizers``.
+    """
+    if not isinstance(model, L.LightningModule):
+        raise TypeError(
+            f"FederatedLoop(model=...) got a {type(model).__name__}; wrap your torch module in a "
+            "lightning.LightningModule with training_step and configure_optimizers."
+        )
+    for hook in ("training_step", "configure_optimizers"):
+        if getattr(type(model), hook) is getattr(L.LightningModule, hook):
+            raise TypeError(
+                f"{type(model).__name__} does not define {hook}; every client trains it with its own Lightning "
+                f"Trainer, which calls {hook}. Add it (and log the loss with self.log('train_loss', loss))."
+            )
+
+
+def split_batch(model: Any, batch: Any) -> tuple[Tensor, Tensor]:
+    """``(inputs, targets)`` of one batch: ``model.fl_split_batch(batch)`` if defined, else ``batch[0], batch[1]``.
+
+    Raises:
+        TypeError: if the batch is not a sequence of at least two tensors and the model has no ``fl_split_batch``.
+    """
+    hook = getattr(model, "fl_split_batch", None)
+    if callable(hook):
+        return hook(batch)
+    if isinstance(batch, list | tuple) and len(batch) >= 2 and all(isinstance(b, Tensor) for b in batch[:2]):
+        return batch[0], batch[1]
+    raise TypeError(
+        f"{type(model).__name__} trains on batches of type {type(batch).__name__}; the loop reads (inputs, targets) "
+        "from them. Define fl_split_batch(self, batch) -> (inputs, targets) on the module."
+    )

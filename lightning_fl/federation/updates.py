@@ -1,0 +1,110 @@
+"""Server-side handling of updates: the downlink (broadcast transforms) and the soundness check of an update."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from lightning_fl.messages import ClientUpdate
+
+if TYPE_CHECKING:
+    from lightning_fl.federation.contexts import ClientContext
+    from lightning_fl.transforms import BroadcastTransform, ClientTransform
+
+__all__ = ["Downlink", "check_aggregate", "check_update", "decode_aggregate"]
+
+
+def check_update(update: ClientUpdate, expected: Mapping[str, Tensor]) -> str | None:
+    """Why ``update`` must be dropped (wrong keys, shapes, non-finite values, no samples), or ``None``.
+
+    Example:
+        >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 0, 0.0), {"w": torch.zeros(2)})
+        'num_samples=0 is not positive'
+    """
+    if update.payload is not None:
+        # an opaque payload (ciphertexts) carries the layers missing from delta; the aggregator that reads it
+        # checks it, here only the plaintext layers are
+        expected = {k: v for k, v in expected.items() if k in update.delta}
+    if set(update.delta) != set(expected):
+        missing, extra = sorted(set(expected) - set(update.delta)), sorted(set(update.delta) - set(expected))
+        return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]})"
+    for key, value in update.delta.items():
+        if not isinstance(value, Tensor) or value.shape != expected[key].shape:
+            return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(expected[key].shape)}"
+        if not torch.isfinite(value).all():
+            return f"tensor {key!r} has non-finite values"
+    if not (update.num_samples > 0):
+        return f"num_samples={update.num_samples} is not positive"
+    return None
+
+
+def decode_aggregate(aggregate: Any, transforms: Sequence[ClientTransform], *, ctx: ClientContext, source: Any) -> dict:
+    """Client side, after aggregation: the client transforms, in reverse order, decode the aggregate (decrypt).
+
+    Raises:
+        TypeError: if what ``source`` (the aggregator) returned is still not a dict of tensors afterwards.
+    """
+    for transform in reversed(transforms):
+        aggregate = transform.decode_aggregate(aggregate, ctx=ctx)
+    if not isinstance(aggregate, dict):
+        raise TypeError(
+            f"loop.aggregator={type(source).__name__} returned a {type(aggregate).__name__} that no client "
+            "transform decoded; add the matching client transform (e.g. PaillierEncryption)."
+        )
+    return aggregate
+
+
+def check_aggregate(delta: Mapping[str, Tensor], *, round_idx: int) -> None:
+    """Refuse an aggregate with non-finite values before it reaches the global model.
+
+    Raises:
+        RuntimeError: naming the first such tensors.
+    """
+    bad = [k for k, v in delta.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise RuntimeError(
+            f"round {round_idx}: the aggregate has non-finite values in {bad[:3]}; the global model was left unchanged."
+        )
+
+
+class Downlink:
+    """What the server sends each client: the public global state through the broadcast transforms.
+
+    When a transform is ``persistent`` (2DP-FL's downlink noise), the server remembers the offset it sent and
+    :meth:`against_global` adds it back, ``delta + (received - global) = w_k - w``, so aggregation averages client
+    models instead of forgetting what the broadcast added.
+    """
+
+    def __init__(self, transforms: Sequence[BroadcastTransform]) -> None:
+        self.transforms = transforms
+        self._offsets: dict[int, dict[str, Tensor]] = {}
+
+    def start_round(self) -> None:
+        """Forget the offsets of the previous round."""
+        self._offsets.clear()
+
+    def send(self, ctx: ClientContext) -> dict[str, Tensor]:
+        """The state client ``ctx.client_id`` receives (copies, so the client cannot touch the global model)."""
+        state = {k: v.detach().clone() for k, v in ctx.global_state.items()}
+        for transform in self.transforms:
+            state = transform(state, ctx=ctx)
+        if any(t.persistent for t in self.transforms):
+            public = ctx.global_state
+            self._offsets[ctx.client_id] = {k: state[k] - public[k] for k in ctx.spec.update_keys}
+        return state
+
+    def against_global(self, update: ClientUpdate) -> ClientUpdate:
+        """Measure ``update`` against the global state when its broadcast was persistent (see the class)."""
+        offset = self._offsets.pop(update.client_id, None)
+        if offset is None:
+            return update
+        if update.payload is not None:
+            raise ValueError(
+                "a persistent broadcast transform cannot be combined with an encrypted update payload; "
+                "the server cannot add the broadcast offset to ciphertexts."
+            )
+        return dataclasses.replace(update, delta={k: v + offset[k] for k, v in update.delta.items()})

@@ -1,0 +1,30 @@
+"""Server side: aggregation maths and rules (FedAvg, DPFL, FedBoosting) and client selection (uniform, active)."""
+
+from typing import Any
+
+from lightning_fl.server.active_selection import ActiveSelector
+from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
+from lightning_fl.server.dpfl import DPFLAggregator
+from lightning_fl.server.fedavg import FedAvg
+from lightning_fl.server.selection import ClientSelector, UniformSelector
+
+__all__ = [
+    "ActiveSelector",
+    "Aggregator",
+    "ClientSelector",
+    "DPFLAggregator",
+    "FedAvg",
+    "FedBoosting",
+    "UniformSelector",
+    "weighted_average",
+    "weighted_sum",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # FedBoosting reads Paillier ciphertexts (lightning_fl.defences), which import the aggregation maths above
+    if name == "FedBoosting":
+        from lightning_fl.server.fedboosting import FedBoosting
+
+        return FedBoosting
+    raise AttributeError(f"module 'lightning_fl.server' has no attribute {name!r}")
