@@ -113,22 +113,16 @@ class FederatedLoop:
         seed: int = 0,
         progress_bar: bool = True,
     ) -> None:
-        check_model(model)
-        datamodule.setup()  # load and partition now, so data errors surface before any training
-        parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
-        self.spec = FederationSpec.build(
-            model,
-            datamodule,
-            clients_per_round=clients_per_round,
-            num_rounds=num_rounds,
-            local_epochs=local_epochs,
-            local_steps=local_steps,
-            seed=seed,
-            min_clients=min_clients,
-        )
-        self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
+        check_model(model)  # every setting is checked before the defences change the model
         options = trainer_options(trainer)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
+        datamodule.setup()  # load and partition now, so data errors surface before any training
+        build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
+        build.update(local_steps=local_steps, seed=seed, min_clients=min_clients)
+        FederationSpec.build(model, datamodule, **build)
+        parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
+        self.spec = FederationSpec.build(model, datamodule, **build)  # the update keys of the defended model
+        self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
         self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
         self.local_epochs, self.local_steps, self.seed = local_epochs, local_steps, seed
         self.selector = parts.selector or UniformSelector()

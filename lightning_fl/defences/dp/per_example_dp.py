@@ -3,12 +3,12 @@
 * :class:`PerExampleDP` is a plain Lightning callback: it wraps the module's parameters in Opacus'
   ``GradSampleModule`` hooks and the optimiser in Opacus' ``DPOptimizer`` for one ``fit`` and removes
   both afterwards, so it works with any ``LightningModule`` and with the one worker model that the
-  :class:`~lightning_fl.federation.FederatedLoop` reuses for every client. It logs epsilon through the module's
+  :class:`~lightning_fl.federation.ClientRunner` reuses for every client. It logs epsilon through the module's
   logger and keeps its accountant in Lightning checkpoints. Layers that compute their own weights from
   private, batch-free inputs (passports, key-locks: ``per_example_unit = True``) get their per-example
   gradients from ``torch.func`` as one unit, so DP-SGD composes with FDL-PP and FedKL.
 * :class:`ClientDPSGD` runs it in every client of a federation: per-client accountants that persist in
-  :attr:`Client.extra <lightning_fl.client.Client.extra>` (and so resume), a per-round clip bound, epsilon
+  :attr:`ClientState.extra <lightning_fl.federation.ClientState.extra>` (and so resume), a per-round clip bound, epsilon
   after each round in ``summary.json["history"][i]["epsilon"]``, and the type-2 leak point fed with the
   gradient the client really applies (the noised one, which exists only inside the DP optimiser step).
 * :class:`FedCDP` is the preset of Wei et al., "Gradient-Leakage Resilient Federated Learning"
@@ -398,7 +398,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
 
     A defence bundle: put it in ``loop.defences``; its parts are the :class:`PerExampleDP` in every client's
     Trainer and itself as the federated callback that keeps the accounts. Each client
-    keeps its own accountant in ``Client.extra`` (client-side state, checkpointed with the client, never
+    keeps its own accountant in ``ClientState.extra`` (client-side state, checkpointed with the client, never
     with the server). After each client's fit, epsilon (the worst case over all clients so far) is logged
     as ``epsilon`` in the round's history and the clip bound as ``clip_bound``.
 

@@ -217,7 +217,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
     r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip, then per-layer Laplace noise split by PoGZ.
 
     Each client computes PoGZ once, on its validation split, with its model right after its first local fit
-    (Inferred, spec A.6-10: that first fit is the pre-training; the scores are kept in ``Client.extra``, on the
+    (Inferred, spec A.6-10: that first fit is the pre-training; the scores are kept in ``ClientState.extra``, on the
     client only). Each upload is epsilon-DP (Theorem 1). Deviation: the paper does not compose over rounds;
     the loop's history logs ``epsilon_round`` (the paper's number) and ``epsilon``, the cumulative epsilon of
     the client that has uploaded most often (sequential composition, participations times epsilon).

@@ -9,7 +9,7 @@ Who holds what:
 
 * **Key ceremony (client side).** At the start of the run the key-holder client (the thesis' C1) generates
   the key pair and shares it with the other clients (Algorithm 3, lines 1-5). The private key lives only in
-  the clients' own storage (``Client.extra``, written to the client checkpoints, never to the server's).
+  the clients' own storage (``ClientState.extra``, written to the client checkpoints, never to the server's).
 * **Clients** encrypt their update with the public key (:class:`PaillierEncryption`, a client transform);
   the :class:`~lightning_fl.messages.ClientUpdate` then carries the ciphertexts in ``payload`` and only the
   layers left unencrypted (``layers=``) in ``delta``.
@@ -71,7 +71,7 @@ __all__ = [
     "combine_updates",
 ]
 
-#: Where each client keeps the shared Paillier private key (as integers) in ``Client.extra``.
+#: Where each client keeps the shared Paillier private key (as integers) in ``ClientState.extra``.
 KEY_FIELD = "paillier_private_key"
 
 
