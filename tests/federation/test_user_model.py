@@ -96,7 +96,17 @@ _PASSPORTS = {"class_path": "lightning_fl.defences.Passports", "init_args": {"pa
 _FED_CDP = {"class_path": "lightning_fl.defences.FedCDP", "init_args": {"noise_multiplier": 1.0}}
 
 
-@pytest.mark.parametrize("defences", [[_KEYLOCK], [_PASSPORTS], [_FED_CDP]], ids=["keylock", "passports", "fed_cdp"])
+_KEYLOCK_PER_EXAMPLE = {
+    "class_path": "lightning_fl.defences.KeyLocks",
+    "init_args": {"key_length": 16, "norm": "group"},
+}
+
+
+@pytest.mark.parametrize(
+    "defences",
+    [[_KEYLOCK], [_PASSPORTS], [_FED_CDP], [_KEYLOCK_PER_EXAMPLE, _PASSPORTS, _FED_CDP]],
+    ids=["keylock", "passports", "fed_cdp", "all_three"],
+)
 def test_cli_fits_a_user_class_path_model_with_a_top_level_defences_list(defences: list, tmp_path: Path) -> None:
     config = {
         "data": {"dataset": "digits", "num_clients": 2, "partition": "iid", "image_size": 16, "batch_size": 32},
@@ -116,3 +126,4 @@ def test_cli_fits_a_user_class_path_model_with_a_top_level_defences_list(defence
     assert main(["fit", "--config", str(path), "--output_dir", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["history"][0]["train_loss"] is not None
+    assert ("epsilon" in summary["history"][0]) == (_FED_CDP in defences)
