@@ -32,6 +32,8 @@ class DLGAttack(GradientMatchingAttack):
         lr: L-BFGS step size (1 in the paper).
         restarts: random starts run together.
         init: starting images (``randn`` in the paper).
+        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
+            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
         layers: ``fnmatch`` patterns of matched parameters (DPFL's partial-layer attack); ``None``: all.
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data and labels.
@@ -47,11 +49,12 @@ class DLGAttack(GradientMatchingAttack):
     def __init__(
         self,
         *,
-        max_iterations: int = 1200,
+        max_iterations: int = 2000,
         lr: float = 1.0,
-        restarts: int = 1,
-        init: InitName = "randn",
+        restarts: int = 2,
+        init: InitName = "rand",
         layers: Sequence[str] | None = None,
+        stop_below: float | None = 1e-7,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -64,6 +67,7 @@ class DLGAttack(GradientMatchingAttack):
             labels="optimise",
             init=init,
             layers=layers,
+            stop_below=stop_below,
             progress_bar=progress_bar,
             seed=seed,
         )

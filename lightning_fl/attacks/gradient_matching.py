@@ -259,14 +259,19 @@ class MatchingState:
     Args:
         iteration: 0-based iteration (one objective evaluation).
         losses: objective of each restart ``(R,)`` at the iterate before this iteration's update.
-        images: current candidates ``(R, B, C, H, W)`` after the update.
+        images: current candidates ``(R, B, C, H, W)`` after the update (before it, on the stopping iteration).
         labels: current labels ``(R, B)``.
+        relative_gaps: each restart's gradient distance divided by the distance of an all-zero candidate
+            gradient (``sum ||g||^2`` for the Euclidean distance, 1 for the cosine one), ``(R,)``.
+        converged: true on the last state when a restart reached ``stop_below``.
     """
 
     iteration: int
     losses: Tensor
     images: Tensor
     labels: Tensor
+    relative_gaps: Tensor
+    converged: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,12 +284,14 @@ class MatchingProblem:
         images: starting candidates ``(R, B, C, H, W)``, a leaf that requires grad.
         label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
         variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
+        gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
     """
 
     objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
     images: Tensor
     label_input: Tensor
     variables: list[Tensor]
+    gap_scale: float = 1.0
 
 
 class GradientMatchingAttack(GradientAttack):
@@ -305,6 +312,8 @@ class GradientMatchingAttack(GradientAttack):
         boxed: project the images onto [0, 1] after every step.
         lr_decay: multiply the step size by 0.1 at 3/8, 5/8 and 7/8 of ``max_iterations``.
         layers: ``fnmatch`` patterns of the parameter names to match; ``None`` matches every intercepted one.
+        stop_below: stop as soon as one restart's relative gradient distance (see :class:`MatchingState`) is at
+            most this, and keep that restart; ``None`` always runs ``max_iterations``.
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -330,6 +339,7 @@ class GradientMatchingAttack(GradientAttack):
         boxed: bool = False,
         lr_decay: bool = False,
         layers: Sequence[str] | None = None,
+        stop_below: float | None = None,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -342,6 +352,9 @@ class GradientMatchingAttack(GradientAttack):
         for field, value in {"lr": lr, "max_iterations": max_iterations, "restarts": restarts}.items():
             if value <= 0:
                 raise ValueError(f"{type(self).__name__}({field}={value}) must be > 0.")
+        if stop_below is not None and stop_below <= 0:
+            raise ValueError(f"{type(self).__name__}(stop_below={stop_below}) must be > 0 or None.")
+        self.stop_below = stop_below
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
@@ -400,7 +413,9 @@ class GradientMatchingAttack(GradientAttack):
             gap = distance(candidate=[candidate[n] for n in target.names], target=target.tensors)
             return gap + sum(r(x) for r in self.regularisers), gap
 
-        return MatchingProblem(_over_restarts(objective, restarts=self.restarts), images, label_input, variables)
+        gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
+        batched = _over_restarts(objective, restarts=self.restarts)
+        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30))
 
     def iterate(self, view: ServerView) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
@@ -412,10 +427,15 @@ class GradientMatchingAttack(GradientAttack):
         images, label_input = problem.images, problem.label_input
         step = self._stepper(problem.variables)
         for iteration in range(self.max_iterations):
-            losses, _ = problem.objective(images, label_input)
+            losses, gaps = problem.objective(images, label_input)
+            relative = gaps.detach() / problem.gap_scale
+            if self.stop_below is not None and bool((relative <= self.stop_below).any()):
+                labels = label_input.detach().argmax(-1)
+                yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, converged=True)
+                return
             grads = torch.autograd.grad(losses.sum(), problem.variables)
             step(grads)
-            yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1))
+            yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1), relative)
 
     def _label_orders(self, labels: Tensor, target: MatchingTarget, generator: torch.Generator) -> Tensor:
         """Inferred labels per restart ``(R, B)``.
@@ -472,7 +492,8 @@ class GradientMatchingAttack(GradientAttack):
         return adam_step
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins.
+        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins (on an
+        early stop, the restart whose relative gradient distance reached ``stop_below``).
 
         The attack runs on the attacked model's device; the returned images and labels are on the CPU.
         """
@@ -488,7 +509,8 @@ class GradientMatchingAttack(GradientAttack):
                 progress.advance(task)
         assert state is not None  # max_iterations > 0 is checked in __init__
         final = torch.stack(history)  # (iterations, R)
-        best = int(final[-1].nan_to_num(torch.inf).argmin())
+        deciding = state.relative_gaps if state.converged else final[-1]
+        best = int(deciding.nan_to_num(torch.inf).argmin())
         return Reconstruction(
             images=state.images[best].nan_to_num(0.5).clamp(0, 1).cpu(),
             labels=state.labels[best].cpu().clone(),
@@ -498,6 +520,8 @@ class GradientMatchingAttack(GradientAttack):
                 "best_restart": best,
                 "iterations": len(history),
                 "final_loss": float(final[-1, best]),
+                "relative_gap": float(state.relative_gaps[best]),
+                "converged": state.converged,
                 "seconds": time.perf_counter() - start,
             },
         )
@@ -506,5 +530,5 @@ class GradientMatchingAttack(GradientAttack):
         return (
             f"{type(self).__name__}(distance={self.distance!r}, optimizer={self.optimizer!r}, lr={self.lr}, "
             f"max_iterations={self.max_iterations}, restarts={self.restarts}, labels={self.labels!r}, "
-            f"regularisers={self.regularisers})"
+            f"init={self.init!r}, stop_below={self.stop_below}, regularisers={self.regularisers})"
         )

@@ -31,6 +31,8 @@ class IDLGAttack(GradientMatchingAttack):
         restarts: random starts run together; the best final gradient distance wins.
         label_strategy: ``"idlg"`` (the paper, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
         init: starting images.
+        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
+            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all (the classifier weight must be among them).
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data.
@@ -45,12 +47,13 @@ class IDLGAttack(GradientMatchingAttack):
     def __init__(
         self,
         *,
-        max_iterations: int = 1200,
+        max_iterations: int = 2000,
         lr: float = 1.0,
-        restarts: int = 1,
+        restarts: int = 2,
         label_strategy: LabelStrategy = "idlg",
-        init: InitName = "randn",
+        init: InitName = "rand",
         layers: Sequence[str] | None = None,
+        stop_below: float | None = 1e-7,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -64,6 +67,7 @@ class IDLGAttack(GradientMatchingAttack):
             label_strategy=label_strategy,
             init=init,
             layers=layers,
+            stop_below=stop_below,
             progress_bar=progress_bar,
             seed=seed,
         )
