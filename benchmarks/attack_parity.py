@@ -153,7 +153,7 @@ def reference_ig(view: ServerView, truth: Tensor, *, seed: int, iterations: int,
         dot = sum((g * t).sum() for g, t in zip(grads, target, strict=True))
         norm = sum(g.pow(2).sum() for g in grads).sqrt() * sum(t.pow(2).sum() for t in target).sqrt()
         loss = 1 - dot / norm + tv * total_variation(x)
-        x.grad, = torch.autograd.grad(loss, x)
+        (x.grad,) = torch.autograd.grad(loss, x)
         x.grad.sign_()
         optimizer.step()
         scheduler.step()
@@ -185,16 +185,18 @@ def resnet_victim(num_classes: int, seed: int, epochs: int) -> nn.Module:
     return net.eval()
 
 
-def _score(attack: str, side: str, victim: str, image: str, seed: int, rec: Tensor, truth: Tensor, label_ok: bool,
-           info: dict) -> Result:
+def _score(
+    attack: str, side: str, victim: str, image: str, seed: int, rec: Tensor, truth: Tensor, label_ok: bool, info: dict
+) -> Result:
     p, s = float(psnr(rec, truth)), float(ssim(rec, truth))
     success = s >= SUCCESS_SSIM if attack == "ig" else p >= SUCCESS_PSNR
     to = info["to"] if info["to"] is not None else (info["cpu_s"] if success else None)
     return Result(attack, side, victim, image, seed, p, s, label_ok, success, info["cpu_s"], to, info["evals"])
 
 
-def run_case(attack: str, victim_name: str, net: nn.Module, image: Tensor, label: int, source: str, seed: int,
-             ig_iterations: int) -> list[Result]:
+def run_case(
+    attack: str, victim_name: str, net: nn.Module, image: Tensor, label: int, source: str, seed: int, ig_iterations: int
+) -> list[Result]:
     """Reference and ours on one case."""
     num_classes = int(net.fc.out_features) if hasattr(net, "fc") else 10
     label %= num_classes
@@ -224,16 +226,21 @@ def summarise(results: list[Result]) -> list[dict]:
     for attack, victim, side in keys:
         group = [r for r in results if (r.attack, r.victim, r.side) == (attack, victim, side)]
         reached = [r.cpu_to_success_s for r in group if r.cpu_to_success_s is not None]
-        rows.append({
-            "attack": attack, "victim": victim, "side": side, "cases": len(group),
-            "success": f"{sum(r.success for r in group)}/{len(group)}",
-            "median_psnr": round(statistics.median(r.psnr for r in group), 1),
-            "median_ssim": round(statistics.median(r.ssim for r in group), 3),
-            "label_accuracy": round(sum(r.label_correct for r in group) / len(group), 2),
-            "median_cpu_s": round(statistics.median(r.cpu_s for r in group), 1),
-            "total_cpu_s": round(sum(r.cpu_s for r in group), 1),
-            "median_cpu_to_success_s": round(statistics.median(reached), 1) if reached else None,
-        })
+        rows.append(
+            {
+                "attack": attack,
+                "victim": victim,
+                "side": side,
+                "cases": len(group),
+                "success": f"{sum(r.success for r in group)}/{len(group)}",
+                "median_psnr": round(statistics.median(r.psnr for r in group), 1),
+                "median_ssim": round(statistics.median(r.ssim for r in group), 3),
+                "label_accuracy": round(sum(r.label_correct for r in group) / len(group), 2),
+                "median_cpu_s": round(statistics.median(r.cpu_s for r in group), 1),
+                "total_cpu_s": round(sum(r.cpu_s for r in group), 1),
+                "median_cpu_to_success_s": round(statistics.median(reached), 1) if reached else None,
+            }
+        )
     return rows
 
 

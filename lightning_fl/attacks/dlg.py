@@ -54,7 +54,7 @@ class DLGAttack(GradientMatchingAttack):
         restarts: int = 2,
         init: InitName = "rand",
         layers: Sequence[str] | None = None,
-        stop_below: float | None = 1e-7,
+        stop_below: float | None = 3e-8,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:

@@ -53,7 +53,7 @@ class IDLGAttack(GradientMatchingAttack):
         label_strategy: LabelStrategy = "idlg",
         init: InitName = "rand",
         layers: Sequence[str] | None = None,
-        stop_below: float | None = 1e-7,
+        stop_below: float | None = 3e-8,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:

@@ -4,8 +4,10 @@ Three real datasets ship inside installed packages and need no network: ``digits
 handwritten 8x8 digits, Alpaydin & Kaynak 1998, resized), ``lfw_faces`` (scikit-image's
 ``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25) and ``photos`` (81 crops of
 nine natural RGB photographs: scikit-learn's ``load_sample_images()`` and scikit-image's colour photos; see
-:data:`PHOTO_SOURCES`). ``digits`` is the default everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` and ``lfw`` come from torchvision and are
-downloaded when the user has a network; any other string is read as an ImageFolder path.
+:data:`PHOTO_SOURCES`). ``digits`` is the default everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``,
+``cifar100`` and ``lfw`` come from torchvision and are downloaded when the user has a network; any other string is
+read as an ImageFolder path (a class with a single image stays in the training split, so a folder of one's own
+few images can be attacked as it is).
 """
 
 from __future__ import annotations
