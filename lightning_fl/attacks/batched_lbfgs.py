@@ -101,6 +101,17 @@ class BatchedLBFGS:
             r = r.addcmul(alphas[slot] - beta, self._s[slot])
         return r
 
+    def keep(self, rows: Tensor) -> None:
+        """Drop every row but ``rows`` (1-D indices), keeping their state: later :meth:`step` calls take
+        ``(len(rows), P)`` gradients."""
+        self.num_rows = len(rows)
+        self.n_iter, self.step_size, self.h_diag = self.n_iter[rows], self.step_size[rows], self.h_diag[rows]
+        if self.direction is not None:
+            self.direction, self.prev_grad = self.direction[rows], self.prev_grad[rows]
+        if self._y is not None:
+            self._y, self._s = self._y[:, rows], self._s[:, rows]
+            self._y_rho, self._s_rho = self._y_rho[:, rows], self._s_rho[:, rows]
+
     @torch.no_grad()
     def step(self, grad: Tensor) -> Tensor:
         """Given the gradients ``(R, P)`` at the current iterates, return the update ``(R, P)`` to add to them."""

@@ -59,6 +59,7 @@ DistanceName = Literal["euclidean", "cosine"]
 InitName = Literal["randn", "rand", "patterned"]
 OptimizerName = Literal["lbfgs", "adam"]
 LabelMode = Literal["optimise", "infer"]
+Step = Callable[[Sequence[Tensor]], None]
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -264,6 +265,8 @@ class MatchingState:
         relative_gaps: each restart's gradient distance divided by the distance of an all-zero candidate
             gradient (``sum ||g||^2`` for the Euclidean distance, 1 for the cosine one), ``(R,)``.
         converged: true on the last state when a restart reached ``stop_below``.
+        restart_ids: which of the original restarts each row is, ``(R,)`` (rows shrink to one after
+            ``keep_best_after``).
     """
 
     iteration: int
@@ -271,7 +274,8 @@ class MatchingState:
     images: Tensor
     labels: Tensor
     relative_gaps: Tensor
-    converged: bool = False
+    converged: bool
+    restart_ids: Tensor
 
 
 @dataclass(frozen=True)
@@ -285,13 +289,15 @@ class MatchingProblem:
         label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
         variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
         gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
+        single: ``objective`` for one remaining restart ``(1, ...)`` without ``vmap``.
     """
 
     objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
     images: Tensor
     label_input: Tensor
     variables: list[Tensor]
-    gap_scale: float = 1.0
+    gap_scale: float
+    single: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class GradientMatchingAttack(GradientAttack):
@@ -314,6 +320,9 @@ class GradientMatchingAttack(GradientAttack):
         layers: ``fnmatch`` patterns of the parameter names to match; ``None`` matches every intercepted one.
         stop_below: stop as soon as one restart's relative gradient distance (see :class:`MatchingState`) is at
             most this, and keep that restart; ``None`` always runs ``max_iterations``.
+        keep_best_after: with L-BFGS and several restarts, continue only the restart with the smallest gradient
+            distance after this many iterations (a stalled start shows within ~100 iterations; one restart then
+            costs what one run does); ``None`` runs every restart to the end.
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -340,6 +349,7 @@ class GradientMatchingAttack(GradientAttack):
         lr_decay: bool = False,
         layers: Sequence[str] | None = None,
         stop_below: float | None = None,
+        keep_best_after: int | None = None,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -354,7 +364,11 @@ class GradientMatchingAttack(GradientAttack):
                 raise ValueError(f"{type(self).__name__}({field}={value}) must be > 0.")
         if stop_below is not None and stop_below <= 0:
             raise ValueError(f"{type(self).__name__}(stop_below={stop_below}) must be > 0 or None.")
-        self.stop_below = stop_below
+        if keep_best_after is not None and (keep_best_after < 1 or optimizer != "lbfgs"):
+            raise ValueError(
+                f"{type(self).__name__}(keep_best_after={keep_best_after}) needs optimizer='lbfgs' and a value >= 1."
+            )
+        self.stop_below, self.keep_best_after = stop_below, keep_best_after
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
@@ -414,8 +428,8 @@ class GradientMatchingAttack(GradientAttack):
             return gap + sum(r(x) for r in self.regularisers), gap
 
         gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
-        batched = _over_restarts(objective, restarts=self.restarts)
-        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30))
+        batched, single = _over_restarts(objective, restarts=self.restarts), _over_restarts(objective, restarts=1)
+        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30), single)
 
     def iterate(self, view: ServerView) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
@@ -424,18 +438,30 @@ class GradientMatchingAttack(GradientAttack):
         tensors live on the attacked model's device.
         """
         problem = self.problem(view)
-        images, label_input = problem.images, problem.label_input
-        step = self._stepper(problem.variables)
+        images, label_input, variables = problem.images, problem.label_input, problem.variables
+        objective = problem.objective
+        step, keep = self._stepper(variables)
+        ids = torch.arange(self.restarts)
         for iteration in range(self.max_iterations):
-            losses, gaps = problem.objective(images, label_input)
+            if iteration == self.keep_best_after and len(ids) > 1:
+                best = int(relative.nan_to_num(torch.inf).argmin())
+                rows = torch.tensor([best], device=images.device)
+                ids, optimised = ids[best : best + 1], len(variables) == 2
+                images = images.detach()[rows].requires_grad_()
+                label_input = label_input.detach()[rows].requires_grad_(optimised)
+                variables = [images, label_input] if optimised else [images]
+                objective = problem.single
+                step = keep(rows, variables)
+            losses, gaps = objective(images, label_input)
             relative = gaps.detach() / problem.gap_scale
             if self.stop_below is not None and bool((relative <= self.stop_below).any()):
                 labels = label_input.detach().argmax(-1)
-                yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, converged=True)
+                yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, True, ids)
                 return
-            grads = torch.autograd.grad(losses.sum(), problem.variables)
+            grads = torch.autograd.grad(losses.sum(), variables)
             step(grads)
-            yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1), relative)
+            labels = label_input.detach().argmax(-1)
+            yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
 
     def _label_orders(self, labels: Tensor, target: MatchingTarget, generator: torch.Generator) -> Tensor:
         """Inferred labels per restart ``(R, B)``.
@@ -455,24 +481,18 @@ class GradientMatchingAttack(GradientAttack):
         orders = orders[: self.restarts]
         return labels[torch.stack(orders)]
 
-    def _stepper(self, variables: list[Tensor]) -> Callable[[Sequence[Tensor]], None]:
-        """The update rule: a function taking the gradients of ``variables`` and updating them in place."""
-        images = variables[0]
+    def _stepper(self, variables: list[Tensor]) -> tuple[Step, Callable[[Tensor, list[Tensor]], Step]]:
+        """The update rule: a function taking the gradients of ``variables`` and updating them in place, and (for
+        L-BFGS) ``keep(rows, new_variables)``, which drops all other restarts and returns the rule for the rest."""
         if self.optimizer == "lbfgs":
             lbfgs = BatchedLBFGS(num_rows=self.restarts, lr=self.lr)
 
-            def lbfgs_step(grads: Sequence[Tensor]) -> None:
-                update = lbfgs.step(torch.cat([g.reshape(self.restarts, -1) for g in grads], 1))
-                with torch.no_grad():
-                    offset = 0
-                    for v in variables:
-                        size = v[0].numel()
-                        v.add_(update[:, offset : offset + size].reshape(v.shape))
-                        offset += size
-                    if self.boxed:
-                        images.clamp_(0, 1)
+            def keep(rows: Tensor, kept: list[Tensor]) -> Step:
+                lbfgs.keep(rows)
+                return self._lbfgs_step(lbfgs, kept)
 
-            return lbfgs_step
+            return self._lbfgs_step(lbfgs, variables), keep
+        images = variables[0]
         adam = torch.optim.Adam(variables, lr=self.lr)
         third = self.max_iterations / 8
         milestones = [int(3 * third), int(5 * third), int(7 * third)] if self.lr_decay else []
@@ -489,7 +509,26 @@ class GradientMatchingAttack(GradientAttack):
                 with torch.no_grad():
                     images.clamp_(0, 1)
 
-        return adam_step
+        def no_keep(rows: Tensor, kept: list[Tensor]) -> Step:
+            raise ValueError("keep_best_after needs optimizer='lbfgs'.")
+
+        return adam_step, no_keep
+
+    def _lbfgs_step(self, lbfgs: BatchedLBFGS, variables: list[Tensor]) -> Step:
+        images = variables[0]
+
+        def lbfgs_step(grads: Sequence[Tensor]) -> None:
+            update = lbfgs.step(torch.cat([g.reshape(lbfgs.num_rows, -1) for g in grads], 1))
+            with torch.no_grad():
+                offset = 0
+                for v in variables:
+                    size = v[0].numel()
+                    v.add_(update[:, offset : offset + size].reshape(v.shape))
+                    offset += size
+                if self.boxed:
+                    images.clamp_(0, 1)
+
+        return lbfgs_step
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
         """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins (on an
@@ -498,28 +537,29 @@ class GradientMatchingAttack(GradientAttack):
         The attack runs on the attacked model's device; the returned images and labels are on the CPU.
         """
         start = time.perf_counter()
-        history: list[Tensor] = []
+        history: list[tuple[Tensor, Tensor]] = []
         state: MatchingState | None = None
         with Progress(disable=not self.progress_bar, transient=True) as progress:
             task = progress.add_task(f"{self.name} attack", total=self.max_iterations)
             for state in self.iterate(view):
-                history.append(state.losses)
+                history.append((state.losses.cpu(), state.restart_ids))
                 if callback is not None:
                     callback(state.iteration, float(state.losses.nan_to_num(torch.inf).min()))
                 progress.advance(task)
         assert state is not None  # max_iterations > 0 is checked in __init__
-        final = torch.stack(history)  # (iterations, R)
-        deciding = state.relative_gaps if state.converged else final[-1]
+        deciding = state.relative_gaps if state.converged else state.losses
         best = int(deciding.nan_to_num(torch.inf).argmin())
+        winner = int(state.restart_ids[best])
+        loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
             images=state.images[best].nan_to_num(0.5).clamp(0, 1).cpu(),
             labels=state.labels[best].cpu().clone(),
-            loss_history=final[:, best].tolist(),
+            loss_history=loss_history,
             info={
                 "restarts": self.restarts,
-                "best_restart": best,
+                "best_restart": winner,
                 "iterations": len(history),
-                "final_loss": float(final[-1, best]),
+                "final_loss": loss_history[-1],
                 "relative_gap": float(state.relative_gaps[best]),
                 "converged": state.converged,
                 "seconds": time.perf_counter() - start,
