@@ -441,7 +441,7 @@ class GradientMatchingAttack(GradientAttack):
         images, label_input, variables = problem.images, problem.label_input, problem.variables
         objective = problem.objective
         step, keep = self._stepper(variables)
-        ids = torch.arange(self.restarts)
+        ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
         for iteration in range(self.max_iterations):
             if iteration == self.keep_best_after and len(ids) > 1:
                 best = int(relative.nan_to_num(torch.inf).argmin())

@@ -84,7 +84,7 @@ def test_gradient_matching_attack_rejects_bad_arguments(kwargs: dict, match: str
 
 
 def test_stop_below_ends_on_the_first_restart_to_match_and_keeps_it() -> None:
-    view, truth = digits_view(batch_size=1, image_size=16)
+    view, _ = digits_view(batch_size=1, image_size=16)
     attack = DLGAttack(max_iterations=800, restarts=2, stop_below=1e-4, keep_best_after=None, progress_bar=False)
     reconstruction = attack.reconstruct(view)
     assert reconstruction.info["converged"] and reconstruction.info["iterations"] < 800
