@@ -24,7 +24,8 @@ class IDLGAttack(GradientMatchingAttack):
     Paper defaults as DLG's (L-BFGS lr 1, N(0, 1) dummy data, the DLG LeNet); the paper's label rule holds for
     one image with non-negative penultimate features. Deviations as :class:`~lightning_fl.attacks.DLGAttack`'s:
     U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``.
-    Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
+    Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of
+    :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart.
