@@ -25,6 +25,7 @@ Run: ``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg idlg -
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -38,12 +39,21 @@ from torch import Tensor, nn
 from lightning_fl.attacks import DLGAttack, IDLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import total_variation
 from lightning_fl.attacks.metrics import psnr, ssim
-from lightning_fl.attacks.standalone import client_view
+from lightning_fl.attacks.standalone import client_view, view_on
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 from lightning_fl.models import LeNetDLG
 
 SUCCESS_PSNR, SUCCESS_SSIM = 30.0, 0.6
+DEVICE = torch.device("cpu")
+
+
+def _clock() -> float:
+    """Process CPU seconds on the CPU; wall seconds after a synchronise on a GPU (``--device cuda``)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
 
 
 @dataclass
@@ -84,14 +94,14 @@ class _Clock:
     """Process CPU time with pauses for the (untimed) success checks."""
 
     def __init__(self) -> None:
-        self.spent, self.started = 0.0, time.process_time()
+        self.spent, self.started = 0.0, _clock()
 
     def pause(self) -> float:
-        self.spent += time.process_time() - self.started
+        self.spent += _clock() - self.started
         return self.spent
 
     def resume(self) -> None:
-        self.started = time.process_time()
+        self.started = _clock()
 
 
 def reference_dlg(view: ServerView, truth: Tensor, *, seed: int, infer_label: bool) -> tuple[Tensor, int, dict]:
@@ -102,12 +112,12 @@ def reference_dlg(view: ServerView, truth: Tensor, *, seed: int, infer_label: bo
     num_classes = int(view.metadata["num_classes"])
     generator = torch.Generator().manual_seed(seed)
     clock = _Clock()
-    dummy = torch.randn(truth.shape, generator=generator).requires_grad_()
+    dummy = torch.randn(truth.shape, generator=generator).to(DEVICE).requires_grad_()
     if infer_label:
         label = torch.argmin(torch.sum(target[-2], dim=-1), dim=-1).view(1)
         soft, variables = F.one_hot(label, num_classes).float(), [dummy]
     else:
-        logits = torch.randn(1, num_classes, generator=generator).requires_grad_()
+        logits = torch.randn(1, num_classes, generator=generator).to(DEVICE).requires_grad_()
         variables = [dummy, logits]
     optimizer = torch.optim.LBFGS(variables, lr=1)
     evaluations, to_success = 0, None
@@ -125,14 +135,14 @@ def reference_dlg(view: ServerView, truth: Tensor, *, seed: int, infer_label: bo
     for _ in range(300):
         loss = optimizer.step(closure)
         spent = clock.pause()
-        if to_success is None and float(psnr(dummy.detach().clamp(0, 1), truth)) >= SUCCESS_PSNR:
+        if to_success is None and float(psnr(dummy.detach().cpu().clamp(0, 1), truth)) >= SUCCESS_PSNR:
             to_success = spent
         if infer_label and float(loss) < 1e-6:  # iDLG's convergence break
             break
         clock.resume()
     clock.pause()
     recovered = int(label) if infer_label else int(logits.argmax())
-    return dummy.detach().clamp(0, 1), recovered, {"cpu_s": clock.spent, "to": to_success, "evals": evaluations}
+    return dummy.detach().cpu().clamp(0, 1), recovered, {"cpu_s": clock.spent, "to": to_success, "evals": evaluations}
 
 
 def reference_ig(view: ServerView, truth: Tensor, *, seed: int, iterations: int, tv: float) -> tuple[Tensor, dict]:
@@ -143,7 +153,7 @@ def reference_ig(view: ServerView, truth: Tensor, *, seed: int, iterations: int,
     label = torch.argmin(torch.sum(target[-2], dim=-1), dim=-1).view(1)
     generator = torch.Generator().manual_seed(seed)
     clock = _Clock()
-    x = torch.randn(truth.shape, generator=generator).requires_grad_()
+    x = torch.randn(truth.shape, generator=generator).to(DEVICE).requires_grad_()
     optimizer = torch.optim.Adam([x], lr=0.1)
     milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
@@ -159,7 +169,7 @@ def reference_ig(view: ServerView, truth: Tensor, *, seed: int, iterations: int,
         scheduler.step()
         with torch.no_grad():
             x.clamp_(0, 1)
-    return x.detach(), {"cpu_s": clock.pause(), "to": None, "evals": iterations}
+    return x.detach().cpu(), {"cpu_s": clock.pause(), "to": None, "evals": iterations}
 
 
 def lenet_victim(num_classes: int, seed: int) -> nn.Module:
@@ -173,16 +183,17 @@ def resnet_victim(num_classes: int, seed: int, epochs: int) -> nn.Module:
     from lightning_fl.models.cifar import resnet18
 
     torch.manual_seed(seed)
-    net = resnet18(in_channels=3, num_classes=num_classes)
+    net = resnet18(in_channels=3, num_classes=num_classes).to(DEVICE)
     if epochs:
         data = load_dataset("photos", train=True, image_size=32)
+        data.images, data.labels = data.images.to(DEVICE), data.labels.to(DEVICE)
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
         for _ in range(epochs):
             for batch in torch.randperm(len(data)).split(16):
                 optimizer.zero_grad()
                 F.cross_entropy(net(data.images[batch]), data.labels[batch] % num_classes).backward()
                 optimizer.step()
-    return net.eval()
+    return net.cpu().eval()
 
 
 def _score(
@@ -192,6 +203,16 @@ def _score(
     success = s >= SUCCESS_SSIM if attack == "ig" else p >= SUCCESS_PSNR
     to = info["to"] if info["to"] is not None else (info["cpu_s"] if success else None)
     return Result(attack, side, victim, image, seed, p, s, label_ok, success, info["cpu_s"], to, info["evals"])
+
+
+def eval_view(net: nn.Module, image: Tensor, label: int, num_classes: int) -> ServerView:
+    """The gradient of ``net`` in eval mode (batch norm on running statistics), as ``inversefed``'s experiments
+    compute it (``model.eval()``)."""
+    net = copy.deepcopy(net).eval()
+    grads = torch.autograd.grad(F.cross_entropy(net(image), torch.tensor([label])), list(net.parameters()))
+    tensors = {n: g.detach() for (n, _), g in zip(net.named_parameters(), grads, strict=True)}
+    metadata = {"num_classes": num_classes, "input_shape": tuple(image.shape[1:]), "batch_size": 1}
+    return ServerView("local_gradient", net, tensors, "gradient", metadata)
 
 
 def run_case(
@@ -209,7 +230,12 @@ def run_case(
     reference is deterministic) is reused instead of rerun."""
     num_classes = int(net.fc.out_features) if hasattr(net, "fc") else 10
     label %= num_classes
-    view = client_view(net, image, torch.tensor([label]), num_classes=num_classes)
+    view = (
+        client_view(net, image, torch.tensor([label]), num_classes=num_classes)
+        if attack != "ig"
+        else eval_view(net, image, label, num_classes)
+    )
+    view = view_on(view, DEVICE)
     results = []
     reuse = known.get((attack, victim_name, source, seed))
     if attack in ("dlg", "idlg"):
@@ -225,9 +251,9 @@ def run_case(
             reuse = _score(attack, "reference", victim_name, source, seed, rec, image, True, info)
         results.append(reuse)
         engine = InvertingGradientsAttack(max_iterations=ig_iterations, restarts=1, progress_bar=False, seed=seed)
-    start = time.process_time()
+    start = _clock()
     reconstruction = engine.reconstruct(view)
-    info = {"cpu_s": time.process_time() - start, "to": None, "evals": reconstruction.info["iterations"]}
+    info = {"cpu_s": _clock() - start, "to": None, "evals": reconstruction.info["iterations"]}
     label_ok = reconstruction.labels is not None and int(reconstruction.labels[0]) == label
     results.append(_score(attack, "ours", victim_name, source, seed, reconstruction.images, image, label_ok, info))
     return results
@@ -269,7 +295,10 @@ def main() -> None:
     parser.add_argument("--ig-epochs", nargs="+", type=int, default=[0, 2], help="ResNet-18 training epochs.")
     parser.add_argument("--output", default=None, help="write all results as JSON here.")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
+    parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     known = {}
     for path in args.reuse:

@@ -392,7 +392,8 @@ class GradientMatchingAttack(GradientAttack):
         if num_classes < 1:
             raise ValueError("the view has no metadata['num_classes']; an attack needs it.")
         model = copy.deepcopy(view.model)
-        replace_all_batch_norm_modules_(model)  # batch statistics, no running-stat writes (vmap-safe, train mode)
+        if model.training:  # batch statistics without running-stat writes (vmap-safe); eval mode uses the running ones
+            replace_all_batch_norm_modules_(model)
         names = set(target.names)
         params = {n: p.detach() for n, p in model.named_parameters() if n in names}
         frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
