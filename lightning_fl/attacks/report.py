@@ -71,7 +71,7 @@ def labelled_grid(
     count = len(truth)
     font = ImageFont.load_default(size=12)
     head = 20 if title else 0
-    width = _PAD + count * (cell + _PAD)
+    width = max(_PAD + count * (cell + _PAD), 2 * _PAD + int(font.getlength(title)) if title else 0)
     height = head + 2 * (cell + _CAPTION) + _PAD
     canvas = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(canvas)
