@@ -18,8 +18,8 @@ import json
 import time
 
 import torch
+from attack_parity import reference_dlg  # this script's folder is on sys.path
 
-from benchmarks.attack_parity import reference_dlg
 from lightning_fl.attacks import DLGAttack
 from lightning_fl.attacks.metrics import psnr
 from lightning_fl.attacks.standalone import client_view
