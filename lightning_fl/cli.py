@@ -183,6 +183,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
         for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds"):
             table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
         Console().print(table)
+        print(f"attacked: {', '.join(map(str, entry['attacked']))}")
+        print(f"comparison grid: {entry['image']}")
         print(f"summary: {output_dir / 'summary.json'}")
         return entry
 

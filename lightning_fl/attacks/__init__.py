@@ -9,6 +9,7 @@ from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
+from lightning_fl.attacks.report import attack_report
 
 __all__ = [
     "GRNN",
@@ -22,6 +23,7 @@ __all__ = [
     "IterationCallback",
     "MIFace",
     "Reconstruction",
+    "attack_report",
     "infer_labels",
     "leaked_batch_size",
     "score_reconstruction",

@@ -87,19 +87,36 @@ class BatchedLBFGS:
         self.h_diag = torch.where(valid, ys / torch.where(valid, (y * y).sum(1), 1.0), self.h_diag)
 
     def _two_loop(self, grad: Tensor) -> Tensor:
-        """Nocedal & Wright Algorithm 7.4 per row, newest pair first in the first loop."""
+        """Nocedal & Wright Algorithm 7.4 per row, newest pair first in the first loop.
+
+        The ring is unbound into per-slot views once per call, so each pair costs three small tensor operations
+        per loop (this recursion is most of an L-BFGS step's cost at DLG's problem sizes)."""
         q = -grad
+        if self._y is None:
+            return q * self.h_diag[:, None]
         order = [(self._next - 1 - k) % self.history_size for k in range(self._filled)]
-        alphas = {}
+        ys, ss = self._y.unbind(0), self._s.unbind(0)
+        ys_rho, ss_rho = self._y_rho.unbind(0), self._s_rho.unbind(0)
+        alphas = []
         for slot in order:
-            alpha = torch.linalg.vecdot(self._s_rho[slot], q)[:, None]
-            q = q.addcmul(alpha, self._y[slot], value=-1)
-            alphas[slot] = alpha
+            alpha = torch.linalg.vecdot(ss_rho[slot], q).unsqueeze(1)
+            q = q.addcmul(alpha, ys[slot], value=-1)
+            alphas.append(alpha)
         r = q * self.h_diag[:, None]
-        for slot in reversed(order):
-            beta = torch.linalg.vecdot(self._y_rho[slot], r)[:, None]
-            r = r.addcmul(alphas[slot] - beta, self._s[slot])
+        for slot, alpha in zip(reversed(order), reversed(alphas), strict=True):
+            r = r.addcmul(alpha - torch.linalg.vecdot(ys_rho[slot], r).unsqueeze(1), ss[slot])
         return r
+
+    def keep(self, rows: Tensor) -> None:
+        """Drop every row but ``rows`` (1-D indices), keeping their state: later :meth:`step` calls take
+        ``(len(rows), P)`` gradients."""
+        self.num_rows = len(rows)
+        self.n_iter, self.step_size, self.h_diag = self.n_iter[rows], self.step_size[rows], self.h_diag[rows]
+        if self.direction is not None:
+            self.direction, self.prev_grad = self.direction[rows], self.prev_grad[rows]
+        if self._y is not None:
+            self._y, self._s = self._y[:, rows], self._s[:, rows]
+            self._y_rho, self._s_rho = self._y_rho[:, rows], self._s_rho[:, rows]
 
     @torch.no_grad()
     def step(self, grad: Tensor) -> Tensor:

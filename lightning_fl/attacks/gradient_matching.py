@@ -59,6 +59,7 @@ DistanceName = Literal["euclidean", "cosine"]
 InitName = Literal["randn", "rand", "patterned"]
 OptimizerName = Literal["lbfgs", "adam"]
 LabelMode = Literal["optimise", "infer"]
+Step = Callable[[Sequence[Tensor]], None]
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -259,14 +260,22 @@ class MatchingState:
     Args:
         iteration: 0-based iteration (one objective evaluation).
         losses: objective of each restart ``(R,)`` at the iterate before this iteration's update.
-        images: current candidates ``(R, B, C, H, W)`` after the update.
+        images: current candidates ``(R, B, C, H, W)`` after the update (before it, on the stopping iteration).
         labels: current labels ``(R, B)``.
+        relative_gaps: each restart's gradient distance divided by the distance of an all-zero candidate
+            gradient (``sum ||g||^2`` for the Euclidean distance, 1 for the cosine one), ``(R,)``.
+        converged: true on the last state when a restart reached ``stop_below``.
+        restart_ids: which of the original restarts each row is, ``(R,)`` (rows shrink to one after
+            ``keep_best_after``).
     """
 
     iteration: int
     losses: Tensor
     images: Tensor
     labels: Tensor
+    relative_gaps: Tensor
+    converged: bool
+    restart_ids: Tensor
 
 
 @dataclass(frozen=True)
@@ -279,12 +288,16 @@ class MatchingProblem:
         images: starting candidates ``(R, B, C, H, W)``, a leaf that requires grad.
         label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
         variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
+        gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
+        single: ``objective`` for one remaining restart ``(1, ...)`` without ``vmap``.
     """
 
     objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
     images: Tensor
     label_input: Tensor
     variables: list[Tensor]
+    gap_scale: float
+    single: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class GradientMatchingAttack(GradientAttack):
@@ -305,6 +318,11 @@ class GradientMatchingAttack(GradientAttack):
         boxed: project the images onto [0, 1] after every step.
         lr_decay: multiply the step size by 0.1 at 3/8, 5/8 and 7/8 of ``max_iterations``.
         layers: ``fnmatch`` patterns of the parameter names to match; ``None`` matches every intercepted one.
+        stop_below: stop as soon as one restart's relative gradient distance (see :class:`MatchingState`) is at
+            most this, and keep that restart; ``None`` always runs ``max_iterations``.
+        keep_best_after: with L-BFGS and several restarts, continue only the restart with the smallest gradient
+            distance after this many iterations (a stalled start shows within ~100 iterations; one restart then
+            costs what one run does); ``None`` runs every restart to the end.
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -330,6 +348,8 @@ class GradientMatchingAttack(GradientAttack):
         boxed: bool = False,
         lr_decay: bool = False,
         layers: Sequence[str] | None = None,
+        stop_below: float | None = None,
+        keep_best_after: int | None = None,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -342,6 +362,13 @@ class GradientMatchingAttack(GradientAttack):
         for field, value in {"lr": lr, "max_iterations": max_iterations, "restarts": restarts}.items():
             if value <= 0:
                 raise ValueError(f"{type(self).__name__}({field}={value}) must be > 0.")
+        if stop_below is not None and stop_below <= 0:
+            raise ValueError(f"{type(self).__name__}(stop_below={stop_below}) must be > 0 or None.")
+        if keep_best_after is not None and (keep_best_after < 1 or optimizer != "lbfgs"):
+            raise ValueError(
+                f"{type(self).__name__}(keep_best_after={keep_best_after}) needs optimizer='lbfgs' and a value >= 1."
+            )
+        self.stop_below, self.keep_best_after = stop_below, keep_best_after
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
@@ -365,7 +392,8 @@ class GradientMatchingAttack(GradientAttack):
         if num_classes < 1:
             raise ValueError("the view has no metadata['num_classes']; an attack needs it.")
         model = copy.deepcopy(view.model)
-        replace_all_batch_norm_modules_(model)  # batch statistics, no running-stat writes (vmap-safe, train mode)
+        if model.training:  # batch statistics without running-stat writes (vmap-safe); eval mode uses the running ones
+            replace_all_batch_norm_modules_(model)
         names = set(target.names)
         params = {n: p.detach() for n, p in model.named_parameters() if n in names}
         frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
@@ -400,7 +428,9 @@ class GradientMatchingAttack(GradientAttack):
             gap = distance(candidate=[candidate[n] for n in target.names], target=target.tensors)
             return gap + sum(r(x) for r in self.regularisers), gap
 
-        return MatchingProblem(_over_restarts(objective, restarts=self.restarts), images, label_input, variables)
+        gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
+        batched, single = _over_restarts(objective, restarts=self.restarts), _over_restarts(objective, restarts=1)
+        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30), single)
 
     def iterate(self, view: ServerView) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
@@ -409,13 +439,30 @@ class GradientMatchingAttack(GradientAttack):
         tensors live on the attacked model's device.
         """
         problem = self.problem(view)
-        images, label_input = problem.images, problem.label_input
-        step = self._stepper(problem.variables)
+        images, label_input, variables = problem.images, problem.label_input, problem.variables
+        objective = problem.objective
+        step, keep = self._stepper(variables)
+        ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
         for iteration in range(self.max_iterations):
-            losses, _ = problem.objective(images, label_input)
-            grads = torch.autograd.grad(losses.sum(), problem.variables)
+            if iteration == self.keep_best_after and len(ids) > 1:
+                best = int(relative.nan_to_num(torch.inf).argmin())
+                rows = torch.tensor([best], device=images.device)
+                ids, optimised = ids[best : best + 1], len(variables) == 2
+                images = images.detach()[rows].requires_grad_()
+                label_input = label_input.detach()[rows].requires_grad_(optimised)
+                variables = [images, label_input] if optimised else [images]
+                objective = problem.single
+                step = keep(rows, variables)
+            losses, gaps = objective(images, label_input)
+            relative = gaps.detach() / problem.gap_scale
+            if self.stop_below is not None and bool((relative <= self.stop_below).any()):
+                labels = label_input.detach().argmax(-1)
+                yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, True, ids)
+                return
+            grads = torch.autograd.grad(losses.sum(), variables)
             step(grads)
-            yield MatchingState(iteration, losses.detach(), images.detach(), label_input.detach().argmax(-1))
+            labels = label_input.detach().argmax(-1)
+            yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
 
     def _label_orders(self, labels: Tensor, target: MatchingTarget, generator: torch.Generator) -> Tensor:
         """Inferred labels per restart ``(R, B)``.
@@ -435,24 +482,18 @@ class GradientMatchingAttack(GradientAttack):
         orders = orders[: self.restarts]
         return labels[torch.stack(orders)]
 
-    def _stepper(self, variables: list[Tensor]) -> Callable[[Sequence[Tensor]], None]:
-        """The update rule: a function taking the gradients of ``variables`` and updating them in place."""
-        images = variables[0]
+    def _stepper(self, variables: list[Tensor]) -> tuple[Step, Callable[[Tensor, list[Tensor]], Step]]:
+        """The update rule: a function taking the gradients of ``variables`` and updating them in place, and (for
+        L-BFGS) ``keep(rows, new_variables)``, which drops all other restarts and returns the rule for the rest."""
         if self.optimizer == "lbfgs":
             lbfgs = BatchedLBFGS(num_rows=self.restarts, lr=self.lr)
 
-            def lbfgs_step(grads: Sequence[Tensor]) -> None:
-                update = lbfgs.step(torch.cat([g.reshape(self.restarts, -1) for g in grads], 1))
-                with torch.no_grad():
-                    offset = 0
-                    for v in variables:
-                        size = v[0].numel()
-                        v.add_(update[:, offset : offset + size].reshape(v.shape))
-                        offset += size
-                    if self.boxed:
-                        images.clamp_(0, 1)
+            def keep(rows: Tensor, kept: list[Tensor]) -> Step:
+                lbfgs.keep(rows)
+                return self._lbfgs_step(lbfgs, kept)
 
-            return lbfgs_step
+            return self._lbfgs_step(lbfgs, variables), keep
+        images = variables[0]
         adam = torch.optim.Adam(variables, lr=self.lr)
         third = self.max_iterations / 8
         milestones = [int(3 * third), int(5 * third), int(7 * third)] if self.lr_decay else []
@@ -469,35 +510,59 @@ class GradientMatchingAttack(GradientAttack):
                 with torch.no_grad():
                     images.clamp_(0, 1)
 
-        return adam_step
+        def no_keep(rows: Tensor, kept: list[Tensor]) -> Step:
+            raise ValueError("keep_best_after needs optimizer='lbfgs'.")
+
+        return adam_step, no_keep
+
+    def _lbfgs_step(self, lbfgs: BatchedLBFGS, variables: list[Tensor]) -> Step:
+        images = variables[0]
+
+        def lbfgs_step(grads: Sequence[Tensor]) -> None:
+            update = lbfgs.step(torch.cat([g.reshape(lbfgs.num_rows, -1) for g in grads], 1))
+            with torch.no_grad():
+                offset = 0
+                for v in variables:
+                    size = v[0].numel()
+                    v.add_(update[:, offset : offset + size].reshape(v.shape))
+                    offset += size
+                if self.boxed:
+                    images.clamp_(0, 1)
+
+        return lbfgs_step
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins.
+        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins (on an
+        early stop, the restart whose relative gradient distance reached ``stop_below``).
 
         The attack runs on the attacked model's device; the returned images and labels are on the CPU.
         """
         start = time.perf_counter()
-        history: list[Tensor] = []
+        history: list[tuple[Tensor, Tensor]] = []
         state: MatchingState | None = None
         with Progress(disable=not self.progress_bar, transient=True) as progress:
             task = progress.add_task(f"{self.name} attack", total=self.max_iterations)
             for state in self.iterate(view):
-                history.append(state.losses)
+                history.append((state.losses.cpu(), state.restart_ids))
                 if callback is not None:
                     callback(state.iteration, float(state.losses.nan_to_num(torch.inf).min()))
                 progress.advance(task)
         assert state is not None  # max_iterations > 0 is checked in __init__
-        final = torch.stack(history)  # (iterations, R)
-        best = int(final[-1].nan_to_num(torch.inf).argmin())
+        deciding = state.relative_gaps if state.converged else state.losses
+        best = int(deciding.nan_to_num(torch.inf).argmin())
+        winner = int(state.restart_ids[best])
+        loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
             images=state.images[best].nan_to_num(0.5).clamp(0, 1).cpu(),
             labels=state.labels[best].cpu().clone(),
-            loss_history=final[:, best].tolist(),
+            loss_history=loss_history,
             info={
                 "restarts": self.restarts,
-                "best_restart": best,
+                "best_restart": winner,
                 "iterations": len(history),
-                "final_loss": float(final[-1, best]),
+                "final_loss": loss_history[-1],
+                "relative_gap": float(state.relative_gaps[best]),
+                "converged": state.converged,
                 "seconds": time.perf_counter() - start,
             },
         )
@@ -506,5 +571,5 @@ class GradientMatchingAttack(GradientAttack):
         return (
             f"{type(self).__name__}(distance={self.distance!r}, optimizer={self.optimizer!r}, lr={self.lr}, "
             f"max_iterations={self.max_iterations}, restarts={self.restarts}, labels={self.labels!r}, "
-            f"regularisers={self.regularisers})"
+            f"init={self.init!r}, stop_below={self.stop_below}, regularisers={self.regularisers})"
         )

@@ -22,8 +22,10 @@ class IDLGAttack(GradientMatchingAttack):
     """iDLG: analytic labels, then DLG's Euclidean gradient matching with L-BFGS on the image only.
 
     Paper defaults as DLG's (L-BFGS lr 1, N(0, 1) dummy data, the DLG LeNet); the paper's label rule holds for
-    one image with non-negative penultimate features. Inferred, for B > 1: ``label_strategy`` picks one of the
-    batch rules of :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
+    one image with non-negative penultimate features. Deviations as :class:`~lightning_fl.attacks.DLGAttack`'s:
+    U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``.
+    Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of
+    :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart.
@@ -31,6 +33,10 @@ class IDLGAttack(GradientMatchingAttack):
         restarts: random starts run together; the best final gradient distance wins.
         label_strategy: ``"idlg"`` (the paper, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
         init: starting images.
+        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
+            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
+        keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
+            ``None`` runs every restart to the end.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all (the classifier weight must be among them).
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data.
@@ -45,12 +51,14 @@ class IDLGAttack(GradientMatchingAttack):
     def __init__(
         self,
         *,
-        max_iterations: int = 1200,
+        max_iterations: int = 3000,
         lr: float = 1.0,
-        restarts: int = 1,
+        restarts: int = 4,
         label_strategy: LabelStrategy = "idlg",
-        init: InitName = "randn",
+        init: InitName = "rand",
         layers: Sequence[str] | None = None,
+        stop_below: float | None = 3e-8,
+        keep_best_after: int | None = 100,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -64,6 +72,8 @@ class IDLGAttack(GradientMatchingAttack):
             label_strategy=label_strategy,
             init=init,
             layers=layers,
+            stop_below=stop_below,
+            keep_best_after=keep_best_after,
             progress_bar=progress_bar,
             seed=seed,
         )

@@ -2,7 +2,8 @@
 
 :func:`client_view` plays an honest client on a private batch (one gradient, or a few real SGD steps) and returns
 only what the server would receive; :func:`run_attack` attacks it, scores the result against the batch, and
-writes ``summary.json`` (the same ``attacks`` entries as a federated run) and the comparison grid.
+writes ``summary.json`` (the same ``attacks`` entries as a federated run) and the labelled comparison grid of
+:mod:`lightning_fl.attacks.report`.
 """
 
 from __future__ import annotations
@@ -15,27 +16,14 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.utils import save_image
 
 from lightning_fl.attacks.base import GradientAttack
-from lightning_fl.attacks.metrics import match_reconstructions, score_reconstruction
+from lightning_fl.attacks.report import attack_report
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.messages import GroundTruth, ServerView
 from lightning_fl.private import public_state
 
-__all__ = ["client_view", "run_attack", "save_comparison_grid", "view_on"]
-
-
-def save_comparison_grid(ground_truth: Tensor, reconstruction: Tensor, path: str | Path) -> Path:
-    """Write a PNG with the ground-truth images in the top row and their matched reconstructions below.
-
-    Both are ``(N, C, H, W)`` in [0, 1]; pass them already matched (see
-    :func:`~lightning_fl.attacks.metrics.match_reconstructions`).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_image(torch.cat([ground_truth, reconstruction.clamp(0, 1)]), path, nrow=len(ground_truth), padding=1)
-    return path
+__all__ = ["client_view", "run_attack", "view_on"]
 
 
 def client_view(
@@ -147,34 +135,47 @@ def run_attack(
 
     Returns:
         the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
-        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``seconds``, ``image``.
+        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``image``, ``matched_sources``,
+        ``attacked`` (where each attacked image came from: its file for an ImageFolder), ``seconds``.
 
     Raises:
-        ValueError: when ``batch_size`` or ``local_steps`` is below 1.
+        ValueError: when ``batch_size`` or ``local_steps`` is below 1, or the client holds too few images.
     """
     if batch_size < 1 or local_steps < 1:
         raise ValueError(f"batch_size={batch_size} and local_steps={local_steps} must both be >= 1.")
-    images, labels = data.sample_batch(client_id, batch_size * local_steps, seed=seed)
+    client_set = data.client_train_set(client_id)
+    if batch_size * local_steps > len(client_set):
+        raise ValueError(
+            f"run.batch_size x run.local_steps = {batch_size * local_steps} exceeds the {len(client_set)} images of "
+            f"client {client_id}; lower them or use data.num_clients: 1."
+        )
+    chosen = torch.randperm(len(client_set), generator=torch.Generator().manual_seed(seed))[: batch_size * local_steps]
+    batch = client_set.subset(chosen)
+    images, labels = batch.tensors()
+    names = list(batch.sources) if batch.sources is not None else [f"client {client_id} image {int(i)}" for i in chosen]
     view = client_view(
         model, images, labels, num_classes=data.num_classes, local_steps=local_steps, lr=local_lr, client_id=client_id
     )
     view = view_on(view, torch.device(device))
     reconstruction = attack.reconstruct(view)
-    truth = GroundTruth(images, labels)
     name = getattr(attack, "name", type(attack).__name__)
     output_dir = Path(output_dir)
-    rows, cols = match_reconstructions(reconstruction.images.detach().cpu(), images)
-    grid = save_comparison_grid(
-        images[cols], reconstruction.images.detach().cpu()[rows], output_dir / "attacks" / f"{name}_standalone.png"
+    report = attack_report(
+        reconstruction,
+        GroundTruth(images, labels),
+        num_classes=data.num_classes,
+        path=output_dir / "attacks" / f"{name}_standalone.png",
+        names=names,
+        title=f"{name} on {view.leak_point}, client {client_id}",
     )
     entry: dict[str, object] = {
         "attack": name,
         "round": None,
         "client": client_id,
         "leak_point": view.leak_point,
-        **score_reconstruction(reconstruction, truth, num_classes=data.num_classes),
+        **report,
+        "attacked": names,
         "seconds": reconstruction.info.get("seconds"),
-        "image": str(grid),
     }
     (output_dir / "summary.json").write_text(json.dumps({"attacks": [entry]}, indent=2))
     return entry

@@ -10,8 +10,7 @@ from typing_extensions import override
 
 from lightning_fl.attacks.base import GradientAttack
 from lightning_fl.attacks.gradient_matching import leaked_batch_size
-from lightning_fl.attacks.metrics import match_reconstructions, score_reconstruction
-from lightning_fl.attacks.standalone import save_comparison_grid
+from lightning_fl.attacks.report import attack_report
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.messages import LEAK_POINTS, GroundTruth, LeakPoint, ServerView
 
@@ -32,9 +31,9 @@ class GradientLeakage(FederatedCallback):
 
     At each attacked event the callback hands the :class:`~lightning_fl.messages.ServerView` (public state,
     intercepted tensors, public metadata: nothing else) to ``attack.reconstruct``, scores the result against the
-    ground truth the loop kept aside, logs the scores to the loop's loggers, saves a ground-truth-vs-reconstruction
-    grid to ``output_dir/attacks/`` (and to W&B when a W&B logger is attached), and appends one entry to
-    ``summary.json["attacks"]``.
+    ground truth the loop kept aside, logs the scores to the loop's loggers, saves the labelled
+    ground-truth-vs-reconstruction grid of :mod:`lightning_fl.attacks.report` to ``output_dir/attacks/`` (and to
+    W&B when a W&B logger is attached), and appends one entry to ``summary.json["attacks"]``.
 
     What the ground truth is: at ``local_gradient`` the exact mini-batch; at ``client_update`` the client's
     whole local training set (the loop does not know which samples a partial epoch used), so the reconstruction
@@ -139,10 +138,18 @@ class GradientLeakage(FederatedCallback):
             )
             return
         reconstruction = self.attack.reconstruct(view)
-        scores = score_reconstruction(reconstruction, ground_truth, num_classes=view.metadata.get("num_classes"))
         name = getattr(self.attack, "name", type(self.attack).__name__)
         tag = f"{name}_{self.leak_point}_r{loop.round_idx}" + (f"_c{client}" if client is not None else "")
         tag += f"_s{step}" if step is not None else ""
+        report = attack_report(
+            reconstruction,
+            ground_truth,
+            num_classes=view.metadata.get("num_classes"),
+            path=loop.output_dir / "attacks" / f"{tag}.png" if self.save_images else None,
+            title=f"{name} on {self.leak_point}, round {loop.round_idx}"
+            + (f", client {client}" if client is not None else ""),
+        )
+        scores = {k: v for k, v in report.items() if k not in ("image", "matched_sources")}
         entry: dict[str, Any] = {
             "attack": name,
             "round": loop.round_idx,
@@ -153,17 +160,11 @@ class GradientLeakage(FederatedCallback):
             "ground_truth_size": len(ground_truth.targets),
             "seconds": reconstruction.info.get("seconds"),
         }
-        if self.save_images:
-            rows, cols = match_reconstructions(reconstruction.images.detach().cpu(), ground_truth.inputs.cpu())
-            path = save_comparison_grid(
-                ground_truth.inputs.cpu()[cols],
-                reconstruction.images.detach().cpu()[rows],
-                loop.output_dir / "attacks" / f"{tag}.png",
-            )
-            entry["image"] = str(path)
+        if report["image"] is not None:
+            entry["image"] = report["image"]
             for logger in loop.loggers:
                 if hasattr(logger, "log_image"):
-                    logger.log_image(key=f"attacks/{tag}", images=[str(path)], step=loop.round_idx)
+                    logger.log_image(key=f"attacks/{tag}", images=[report["image"]], step=loop.round_idx)
         prefix = f"attack/{name}/{self.leak_point}" + (f"/client_{client}" if client is not None else "")
         numeric = {f"{prefix}/{k}": v for k, v in scores.items() if isinstance(v, int | float)}
         for logger in loop.loggers:

@@ -1,10 +1,13 @@
 """Datasets by name, as in-memory image tensors in [0, 1].
 
-Two real datasets ship inside installed packages and need no network: ``digits`` (scikit-learn's 1,797
-handwritten 8x8 digits, Alpaydin & Kaynak 1998, resized) and ``lfw_faces`` (scikit-image's
-``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25). ``digits`` is the default
-everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` and ``lfw`` come from torchvision and are
-downloaded when the user has a network; any other string is read as an ImageFolder path.
+Three real datasets ship inside installed packages and need no network: ``digits`` (scikit-learn's 1,797
+handwritten 8x8 digits, Alpaydin & Kaynak 1998, resized), ``lfw_faces`` (scikit-image's
+``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25) and ``photos`` (81 crops of
+nine natural RGB photographs: scikit-learn's ``load_sample_images()`` and scikit-image's colour photos; see
+:data:`PHOTO_SOURCES`). ``digits`` is the default everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``,
+``cifar100`` and ``lfw`` come from torchvision and are downloaded when the user has a network; any other string is
+read as an ImageFolder path (a class with a single image stays in the training split, so a folder of one's own
+few images can be attacked as it is).
 """
 
 from __future__ import annotations
@@ -18,9 +21,22 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["OFFLINE_DATASETS", "TORCHVISION_DATASETS", "ImageTensorDataset", "load_dataset"]
+__all__ = ["OFFLINE_DATASETS", "PHOTO_SOURCES", "TORCHVISION_DATASETS", "ImageTensorDataset", "load_dataset"]
 
-OFFLINE_DATASETS = ("digits", "lfw_faces")
+OFFLINE_DATASETS = ("digits", "lfw_faces", "photos")
+PHOTO_SOURCES = (
+    "sklearn:china",
+    "sklearn:flower",
+    "skimage:astronaut",
+    "skimage:chelsea",
+    "skimage:coffee",
+    "skimage:rocket",
+    "skimage:hubble_deep_field",
+    "skimage:immunohistochemistry",
+    "skimage:retina",
+)
+"""The photographs behind ``photos``, one class each (label = position here). The two scikit-learn photos are the
+attack suite's tuning set; the seven scikit-image photos were kept out of all tuning (docs/attacks.md)."""
 TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "lfw")
 
 
@@ -31,6 +47,8 @@ class ImageTensorDataset(Dataset):
     images: Tensor
     labels: Tensor
     num_classes: int
+    sources: tuple[str, ...] | None = None
+    """Where each image came from (a file path, or a photo and crop), when the loader knows it."""
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -41,7 +59,8 @@ class ImageTensorDataset(Dataset):
     def subset(self, indices: np.ndarray | Tensor) -> ImageTensorDataset:
         """A new dataset holding the given rows (no copy of unrelated rows)."""
         idx = torch.as_tensor(indices, dtype=torch.long)
-        return ImageTensorDataset(self.images[idx], self.labels[idx], self.num_classes)
+        sources = tuple(self.sources[i] for i in idx.tolist()) if self.sources is not None else None
+        return ImageTensorDataset(self.images[idx], self.labels[idx], self.num_classes, sources)
 
     def tensors(self) -> tuple[Tensor, Tensor]:
         """All images as float in [0, 1] and all labels."""
@@ -70,11 +89,13 @@ def _set_channels(images: Tensor, channels: int | None) -> Tensor:
 
 
 def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, ``test_fraction`` of the samples (at least one) to the test split; a class with one sample keeps it
+    for training, so a folder of a user's own few images is all training data (an empty test split)."""
     rng = np.random.default_rng(seed)
     test = []
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
-        test.extend(idx[: max(1, round(len(idx) * test_fraction))].tolist())
+        test.extend(idx[: max(1, round(len(idx) * test_fraction)) if len(idx) > 1 else 0].tolist())
     test_idx = np.sort(np.asarray(test))
     return np.setdiff1d(np.arange(len(labels)), test_idx), test_idx
 
@@ -94,6 +115,30 @@ def _lfw_faces() -> tuple[Tensor, Tensor, int]:
     images = (images - images.min()) / (images.max() - images.min())
     labels = torch.cat([torch.zeros(100), torch.ones(100)]).long()  # 0 = face, 1 = non-face crop
     return images, labels, 2
+
+
+def _photos() -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
+    """A 3x3 grid of square crops (side: a third of the shorter edge) of each of :data:`PHOTO_SOURCES`, reduced to
+    64x64 with antialiasing; label = the photo."""
+    from skimage import data
+    from sklearn.datasets import load_sample_images
+
+    sample = dict(zip(("china", "flower"), load_sample_images().images, strict=True))
+    crops, labels, sources = [], [], []
+    for label, source in enumerate(PHOTO_SOURCES):
+        package, name = source.split(":")
+        photo = sample[name] if package == "sklearn" else getattr(data, name)()
+        image = torch.tensor(np.asarray(photo)[..., :3]).permute(2, 0, 1).float() / 255.0
+        side = min(image.shape[1:]) // 3
+        top, left = (image.shape[1] - 3 * side) // 2, (image.shape[2] - 3 * side) // 2
+        for row in range(3):
+            for col in range(3):
+                y, x = top + row * side, left + col * side
+                crops.append(image[:, y : y + side, x : x + side])
+                labels.append(label)
+                sources.append(f"{source}[{row},{col}]")
+    stacked = torch.cat([F.interpolate(c[None], size=(64, 64), mode="bilinear", antialias=True) for c in crops])
+    return stacked.clamp(0, 1), torch.tensor(labels), len(PHOTO_SOURCES), tuple(sources)
 
 
 def _torchvision(name: str, root: str | None, train: bool, download: bool) -> tuple[Tensor, Tensor, int]:
@@ -125,7 +170,7 @@ def _torchvision(name: str, root: str | None, train: bool, download: bool) -> tu
     return images.contiguous(), torch.as_tensor(np.asarray(ds.targets)).long(), len(ds.classes)
 
 
-def _image_folder(path: str) -> tuple[Tensor, Tensor, int]:
+def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
     from torchvision import datasets, transforms
 
     if not Path(path).is_dir():
@@ -141,7 +186,7 @@ def _image_folder(path: str) -> tuple[Tensor, Tensor, int]:
         resize = transforms.Compose([transforms.Resize((64, 64)), transforms.PILToTensor()])
         ds = datasets.ImageFolder(path, transform=resize)
     images = torch.stack([ds[i][0] for i in range(len(ds))])
-    return images, torch.tensor(ds.targets).long(), len(ds.classes)
+    return images, torch.tensor(ds.targets).long(), len(ds.classes), tuple(p for p, _ in ds.samples)
 
 
 def load_dataset(
@@ -158,10 +203,11 @@ def load_dataset(
     """Load a dataset by name (or ImageFolder path) as an :class:`ImageTensorDataset`.
 
     Args:
-        name: ``digits``, ``lfw_faces``, a torchvision name (``mnist``, ``fashion_mnist``, ``cifar10``,
+        name: ``digits``, ``lfw_faces``, ``photos``, a torchvision name (``mnist``, ``fashion_mnist``, ``cifar10``,
             ``cifar100``, ``lfw``) or a directory in ImageFolder layout.
         train: the training split if true, else the test split. Datasets without an official split
-            (``digits``, ``lfw_faces``, ImageFolder) are split per class with ``test_fraction``.
+            (``digits``, ``lfw_faces``, ``photos``, ImageFolder) are split per class with ``test_fraction``; a
+            class with a single image stays in the training split.
         root: where torchvision datasets live (default ``~/.cache/lightning_fl/data``).
         image_size: side length to resize to (bilinear); ``None`` keeps the native size.
         channels: 1 or 3 to convert; ``None`` keeps the native channel count.
@@ -174,14 +220,17 @@ def load_dataset(
         >>> tuple(ds.images.shape), ds.num_classes
         ((359, 1, 16, 16), 10)
     """
+    sources: tuple[str, ...] | None = None
     if name in TORCHVISION_DATASETS:
         images, labels, num_classes = _torchvision(name, root, train, download)
     else:
-        images, labels, num_classes = {"digits": _digits, "lfw_faces": _lfw_faces}.get(
-            name, lambda: _image_folder(name)
-        )()
+        if name in ("digits", "lfw_faces"):
+            images, labels, num_classes = {"digits": _digits, "lfw_faces": _lfw_faces}[name]()
+        else:
+            images, labels, num_classes, sources = _photos() if name == "photos" else _image_folder(name)
         train_idx, test_idx = _stratified_split(labels.numpy(), test_fraction, split_seed)
-        keep = torch.as_tensor(train_idx if train else test_idx)
+        keep = torch.as_tensor(train_idx if train else test_idx, dtype=torch.long)
         images, labels = images[keep], labels[keep]
+        sources = tuple(sources[i] for i in keep.tolist()) if sources is not None else None
     images = _set_channels(_resize(images, image_size), channels)
-    return ImageTensorDataset(images.contiguous(), labels, num_classes)
+    return ImageTensorDataset(images.contiguous(), labels, num_classes, sources)

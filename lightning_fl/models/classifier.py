@@ -30,6 +30,8 @@ class ImageClassifier(L.LightningModule):
         image_size: input side length (linked from the data in the CLI).
         input_mean: per-channel mean subtracted in ``forward``; ``None`` for no standardisation.
         input_std: per-channel standard deviation divided in ``forward``.
+        standardize: ``False`` ignores ``input_mean``/``input_std`` (even when the CLI links them) so the backbone
+            sees [0, 1] pixels, as the victims of DLG and iDLG do (their code feeds ``ToTensor()`` images).
         optimizer: ``"adam"`` or ``"sgd"``.
         lr: learning rate.
         momentum: SGD momentum.
@@ -50,6 +52,7 @@ class ImageClassifier(L.LightningModule):
         image_size: int = 32,
         input_mean: Sequence[float] | None = None,
         input_std: Sequence[float] | None = None,
+        standardize: bool = True,
         optimizer: Literal["adam", "sgd"] = "adam",
         lr: float = 2e-3,
         momentum: float = 0.0,
@@ -68,6 +71,8 @@ class ImageClassifier(L.LightningModule):
         )
         self.num_classes = num_classes
         self.optimizer_name, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
+        if not standardize:
+            input_mean = input_std = None
         mean = torch.tensor(input_mean if input_mean is not None else [0.0] * in_channels).view(1, -1, 1, 1)
         std = torch.tensor(input_std if input_std is not None else [1.0] * in_channels).view(1, -1, 1, 1)
         self.register_buffer("input_mean", mean, persistent=False)

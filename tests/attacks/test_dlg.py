@@ -20,7 +20,7 @@ def test_dlg_reconstructs_one_digit_above_30_db() -> None:
 def test_dlg_reports_every_iteration_to_the_callback() -> None:
     view, _ = digits_view(batch_size=1, image_size=16)
     seen: list[tuple[int, float]] = []
-    reconstruction = DLGAttack(max_iterations=5, progress_bar=False).reconstruct(
+    reconstruction = DLGAttack(max_iterations=5, restarts=1, progress_bar=False).reconstruct(
         view, callback=lambda i, loss: seen.append((i, loss))
     )
     assert [i for i, _ in seen] == list(range(5))

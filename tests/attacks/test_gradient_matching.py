@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_fl.attacks import GradientMatchingAttack, InvertingGradientsAttack, Reconstruction, leaked_batch_size
+from lightning_fl.attacks import (
+    DLGAttack,
+    GradientMatchingAttack,
+    InvertingGradientsAttack,
+    Reconstruction,
+    leaked_batch_size,
+)
 from lightning_fl.attacks.gradient_matching import matching_target
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.messages import ServerView
@@ -75,3 +81,24 @@ def test_matching_target_rejects_layer_patterns_that_match_nothing() -> None:
 def test_gradient_matching_attack_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GradientMatchingAttack(**kwargs)
+
+
+def test_stop_below_ends_on_the_first_restart_to_match_and_keeps_it() -> None:
+    view, _ = digits_view(batch_size=1, image_size=16)
+    attack = DLGAttack(max_iterations=800, restarts=2, stop_below=1e-4, keep_best_after=None, progress_bar=False)
+    reconstruction = attack.reconstruct(view)
+    assert reconstruction.info["converged"] and reconstruction.info["iterations"] < 800
+    assert reconstruction.info["relative_gap"] <= 1e-4
+
+
+def test_keep_best_after_continues_only_the_best_restart() -> None:
+    view, _ = digits_view(batch_size=1, image_size=16)
+    attack = DLGAttack(max_iterations=12, restarts=3, stop_below=None, keep_best_after=5, progress_bar=False)
+    states = list(attack.iterate(view))
+    assert [len(s.restart_ids) for s in states] == [3] * 5 + [1] * 7
+    best = int(states[4].relative_gaps.argmin())
+    assert int(states[-1].restart_ids[0]) == best
+    reconstruction = attack.reconstruct(view)
+    assert reconstruction.info["best_restart"] == best and len(reconstruction.loss_history) == 12
+    with pytest.raises(ValueError, match="keep_best_after"):
+        GradientMatchingAttack(optimizer="adam", keep_best_after=5)

@@ -56,6 +56,27 @@ def test_client_view_shares_only_public_tensors_and_metadata() -> None:
         client_view(make_classifier(dm), images, labels, num_classes=10, local_steps=3)
 
 
+def test_attack_command_attacks_a_folder_of_one_photo_per_class_and_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from torchvision.utils import save_image
+
+    from lightning_fl.datamodules.datasets import load_dataset
+
+    photos = load_dataset("photos", train=True, image_size=32)
+    for k in (10, 30, 50):
+        folder = tmp_path / "mine" / photos.sources[k].split(":")[1].split("[")[0]
+        folder.mkdir(parents=True)
+        save_image(photos.images[k], folder / f"{k}.png")
+    args = ["attack", "--config", str(CONFIGS / "dlg_lenet_digits.yaml"), "--data.dataset", str(tmp_path / "mine")]
+    args += ["--data.num_clients", "1", "--attack.init_args.max_iterations", "3", "--output_dir", str(tmp_path / "o")]
+    assert main([*args, "--attack.init_args.progress_bar", "false"]) == 0
+    entry = json.loads((tmp_path / "o" / "summary.json").read_text())["attacks"][0]
+    assert Path(entry["attacked"][0]).is_file() and Path(entry["attacked"][0]).parent.parent == tmp_path / "mine"
+    assert Path(entry["image"]).is_file()
+    assert f"attacked: {entry['attacked'][0]}" in capsys.readouterr().out
+
+
 def test_attack_command_runs_a_config_and_writes_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(
         [

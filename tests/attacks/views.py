@@ -24,3 +24,18 @@ def digits_view(
         images, labels = images[first], labels[first]
     view = client_view(model, images, labels, num_classes=dm.num_classes, local_steps=local_steps, lr=0.1)
     return view, GroundTruth(images, labels)
+
+
+def photo_view(source: str, *, num_classes: int = 10, seed: int = 0) -> tuple[ServerView, GroundTruth]:
+    """One 32x32 crop of the ``photos`` data set (e.g. ``"skimage:coffee[2,0]"``) behind one gradient of the DLG
+    victim: the sigmoid LeNet at its U(-0.5, 0.5) init fed [0, 1] pixels (``standardize=False``), as in DLG's code."""
+    from lightning_fl.datamodules.datasets import load_dataset
+    from lightning_fl.models import ImageClassifier
+
+    splits = (load_dataset("photos", train=train, image_size=32) for train in (True, False))
+    data = next(split for split in splits if source in split.sources)
+    index = data.sources.index(source)
+    images, labels = data.images[index : index + 1], data.labels[index : index + 1] % num_classes
+    torch.manual_seed(seed)
+    model = ImageClassifier("lenet_dlg", num_classes=num_classes, in_channels=3, standardize=False)
+    return client_view(model, images, labels, num_classes=num_classes), GroundTruth(images, labels)
