@@ -141,9 +141,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         seed=cfg.seed_everything,
         **vars(init.loop),
     )
-    check_resume(cfg.resume, loop.checkpoint.server_path)
+    check_resume(cfg.resume, loop.checkpoint.manifest_path)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
+    loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
 
     def fit() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
