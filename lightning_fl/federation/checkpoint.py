@@ -270,8 +270,9 @@ class Checkpoint:
         for cb, cb_state in zip(loop.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
         loop.recorder.load_state_dict(state)
-        if manifest["initial_private"] is not None:
+        if manifest["initial_private"] is not None:  # the global model's own private layers never change
             loop.runner.initial_private = self._read(manifest["initial_private"])
+            load_state_into(loop.global_model, loop.runner.initial_private)
         for k, entry in manifest["clients"].items():
             loop.runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
