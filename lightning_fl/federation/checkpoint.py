@@ -182,8 +182,8 @@ class Checkpoint:
             manifest["server"] = self._write(f"checkpoints/server_r{round_idx:05d}.pt", server)
             if initial_private and manifest["initial_private"] is None:
                 manifest["initial_private"] = self._write("clients/initial_private.pt", initial_private)
-            for client_id, state in clients.items():
-                manifest["clients"][str(client_id)] = self._write(f"clients/client_{client_id}_r{round_idx:05d}.pt", state)
+            for k, state in clients.items():
+                manifest["clients"][str(k)] = self._write(f"clients/client_{k}_r{round_idx:05d}.pt", state)
             atomic_write(self.manifest_path, json.dumps(manifest, indent=1).encode())
             self._kept = {"initial_private": manifest["initial_private"], "clients": manifest["clients"]}
             self.remove_uncommitted(manifest)

@@ -70,7 +70,8 @@ def drop_norm_outliers(
     norms = [update_norm(u) for u in plain]
     if not plain or (math.isinf(max_ratio) and math.isinf(max_norm)):
         return list(updates)
-    flagged = {plain[i].client_id: norms[i] for i in update_norm_outliers(norms, max_ratio=max_ratio, max_norm=max_norm)}
+    outliers = update_norm_outliers(norms, max_ratio=max_ratio, max_norm=max_norm)
+    flagged = {plain[i].client_id: norms[i] for i in outliers}
     finite = sorted(n for n in norms if math.isfinite(n))
     median = finite[(len(finite) - 1) // 2] if finite else math.nan
     for client_id, norm in flagged.items():

@@ -12,11 +12,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fl import FederatedLoop
-from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import FederatedCallback, GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import ClientDPSGD, Defence, FedCDP, FedSDP, PerExampleDP
+from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.models import ImageClassifier
 from lightning_fl.privacy import PrivacyAccountant, Schedule
 from lightning_fl.server import FedAvg

@@ -47,8 +47,10 @@ def test_a_wrong_eval_metric_is_rejected_before_training(tmp_path, capsys) -> No
 
 
 def test_a_setup_time_error_of_a_component_exits_with_2(tmp_path, capsys) -> None:
-    args = ["--loop.client_transforms", '[{"class_path": "lightning_fl.defences.PaillierEncryption", '
-            '"init_args": {"key_size": 256}}]']
+    args = [
+        "--loop.client_transforms",
+        '[{"class_path": "lightning_fl.defences.PaillierEncryption", "init_args": {"key_size": 256}}]',
+    ]
     assert main(_fit(tmp_path / "run", *args)) == 2
     assert "FedAvg cannot read Paillier ciphertexts" in one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()

@@ -81,11 +81,15 @@ def _assert_same(expected: tuple, loop: FederatedLoop) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     """Per config: the outcome of the uninterrupted run and how many checkpoint writes it made."""
-    out = {}
+    out, real, writes = {}, checkpoint_module.atomic_write, []
+
+    def counted(path, data: bytes) -> None:
+        writes.append(path)
+        real(path, data)
+
     for name in CONFIGS:
-        writes = []
-        real = checkpoint_module.atomic_write
-        checkpoint_module.atomic_write = lambda path, data: (writes.append(path), real(path, data))[-1]
+        writes.clear()
+        checkpoint_module.atomic_write = counted
         try:
             loop = _fit(_loop(name, tmp_path_factory.mktemp(name)))
         finally:
