@@ -32,7 +32,7 @@ import torch
 from lightning_fl.federation.contexts import ClientState
 from lightning_fl.private import load_state_into
 
-__all__ = ["Checkpoint", "atomic_write", "fingerprint_changes"]
+__all__ = ["Checkpoint", "atomic_write", "fingerprint_changes", "held_signals"]
 
 FORMAT = 1
 """Version of the manifest layout."""
@@ -203,6 +203,7 @@ class Checkpoint:
             for p in sorted((self.output_dir / folder).glob("*"))
             if p.is_file() and (p.suffix in (".pt", ".tmp")) and p not in named
         ]
+        stale += [p for p in [self.manifest_path.with_name(f".{self.manifest_path.name}.tmp")] if p.exists()]
         for path in stale:
             path.unlink()
         return stale

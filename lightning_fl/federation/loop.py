@@ -336,7 +336,7 @@ class FederatedLoop:
 
         self.recorder.stop_reason = None
         self.recorder.start()
-        if self.checkpoint.enabled and not self._prepared:  # commit the start: a kill in round 0 resumes from it
+        if self.checkpoint.enabled and self.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
             self.checkpoint.save_run(self, touched=range(self.num_clients))
         for cb in self.callbacks:
             cb.on_fit_start(self.view)

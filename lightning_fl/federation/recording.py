@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from lightning.pytorch.loggers import Logger
 
-from lightning_fl.federation.checkpoint import atomic_write
+from lightning_fl.federation.checkpoint import atomic_write, held_signals
 from lightning_fl.messages import ClientUpdate
 
 __all__ = ["RunRecorder", "TidyCsv"]
@@ -173,11 +173,12 @@ class RunRecorder:
 
     def write(self) -> Path:
         """Bring ``logs/metrics.csv``, ``logs/attacks.csv`` and ``summary.json`` up to date; returns the summary's
-        path. Rows are appended and flushed, the summary is replaced atomically."""
-        self.metrics_csv.sync(self.history)
-        self.attacks_csv.sync(self.attacks)
+        path. Rows are appended and flushed, the summary is replaced atomically; Ctrl+C and SIGTERM wait."""
         path = self.output_dir / "summary.json"
-        atomic_write(path, json.dumps(self.summary(), indent=2, default=float).encode())
+        with held_signals():
+            self.metrics_csv.sync(self.history)
+            self.attacks_csv.sync(self.attacks)
+            atomic_write(path, json.dumps(self.summary(), indent=2, default=float).encode())
         return path
 
     def finalize(self) -> None:

@@ -129,16 +129,24 @@ def _rounds(summary) -> int:
         return 0
 
 
-def test_ctrl_c_during_training_exits_with_130_and_one_line(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "rc", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["INT", "TERM"],
+)
+def test_a_signal_during_training_exits_with_one_line_and_a_resumable_run(tmp_path, sig, rc, word) -> None:
     run = tmp_path / "run"
     process = _command(*_fit(run)[:-6], "--loop.num_rounds", "200", "--data.image_size", "16")
     summary, deadline = run / "summary.json", time.monotonic() + 120
     while _rounds(summary) < 1 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _rounds(summary) >= 1, process.communicate()[1]
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130
+    assert process.returncode == rc
     assert stderr.strip().splitlines() == [
-        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true."
+        f"lightning-fl: {word}; a fit run continues from its last completed round with --resume true."
     ]
+    assert not list(run.rglob("*.tmp")) and not (run / ".lightning-fl.lock").exists()
+    committed = json.loads((run / "manifest.json").read_text())["round_idx"]
+    assert committed - 1 <= _rounds(summary) <= committed

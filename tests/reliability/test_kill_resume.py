@@ -3,7 +3,8 @@ was never interrupted: plain FedAvg, key-lock (private client keys) and Paillier
 
 The kill is injected into :func:`lightning_fl.federation.checkpoint.atomic_write` (it leaves half a temporary file
 and raises), at every write of every round: before, between and after the server file, the client files and the
-manifest; and after the manifest, before the stale files are cleaned up.
+manifest; after the manifest, before the stale files are cleaned up; and after a commit, before the CSV row and
+the summary.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import KeyLocks, PaillierEncryption, SecureFedAvg
 from lightning_fl.federation import checkpoint as checkpoint_module
 from lightning_fl.federation.checkpoint import Checkpoint
+from lightning_fl.federation.recording import RunRecorder
 from tests.conftest import make_classifier
 
 
@@ -124,10 +126,23 @@ def _kill_after_manifest(monkeypatch, n: int) -> None:
     monkeypatch.setattr(Checkpoint, "remove_uncommitted", remove)
 
 
+def _kill_before_the_csv(monkeypatch, n: int) -> None:
+    calls = iter(range(10**6))
+    real = RunRecorder.write
+
+    def write(self):
+        if next(calls) == n:
+            raise Killed
+        return real(self)
+
+    monkeypatch.setattr(RunRecorder, "write", write)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_a_kill_at_any_checkpoint_write_resumes_bit_identically(name, uninterrupted, tmp_path, monkeypatch) -> None:
     expected, writes = uninterrupted[name]
-    kills = [(_kill_at, n) for n in range(writes)] + [(_kill_after_manifest, n) for n in range(2)]
+    kills = [(_kill_at, n) for n in range(writes)] + [(_kill_after_manifest, n) for n in range(3)]
+    kills += [(_kill_before_the_csv, n) for n in (1, 2)]  # write() 0 is the start; 1, 2 follow rounds 0, 1
     for i, (kill, n) in enumerate(kills):
         run = tmp_path / f"kill{i}"
         with monkeypatch.context() as patch:
@@ -138,6 +153,8 @@ def test_a_kill_at_any_checkpoint_write_resumes_bit_identically(name, uninterrup
         assert committed or (kill is _kill_at and n < 6), f"kill {kill.__name__}({n}) left no committed round"
         resumed = _fit(_loop(name, run, seed=123 if committed else 0), resume=True)
         _assert_same(expected, resumed)
+        rows = (run / "logs" / "metrics.csv").read_text().splitlines()[1:]
+        assert [int(r.split(",")[0]) for r in rows] == [0, 1]
         leftovers = [p.name for p in run.rglob("*") if p.name.endswith(".tmp")]
         assert not leftovers, leftovers
         committed = set(resumed.checkpoint.committed_files())
