@@ -141,9 +141,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         seed=cfg.seed_everything,
         **vars(init.loop),
     )
-    check_resume(cfg.resume, loop.checkpoint.server_path)
+    check_resume(cfg.resume, loop.checkpoint.manifest_path)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
+    loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
 
     def fit() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -197,8 +198,9 @@ RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
 }
 """Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
-"""Exit codes of ``lightning-fl``: 2 only before anything is written; 130 = 128 + SIGINT, as shells report it."""
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+"""Exit codes of ``lightning-fl``: 2 only before anything is written; 130 = 128 + SIGINT and 143 = 128 + SIGTERM,
+as shells report them."""
 
 TRACEBACK_ENV = "LIGHTNING_FL_TRACEBACK"
 """Set to 1 to get the full traceback of a run-time failure instead of its one-line summary."""
@@ -296,14 +298,23 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     return f"{key}{where}: {innermost}"
 
 
-def _interrupted() -> int:
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl+C: the run stops between two writes (a checkpoint commit holds it until done)."""
+
+
+def _raise_terminated(*_: object) -> None:
+    raise Terminated
+
+
+def _interrupted(err: BaseException | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first one
+    what = "terminated" if isinstance(err, Terminated) else "interrupted"
     print(
-        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true.",
+        f"lightning-fl: {what}; a fit run continues from its last completed round with --resume true.",
         file=sys.stderr,
     )
-    return EXIT_INTERRUPTED
+    return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,18 +322,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Exit codes: 0 done; 2 bad config (parsing, building or checking it failed, e.g. a data set that cannot be
     loaded; nothing was written, no run directory was created); 1 the run failed after it started (one line;
-    ``LIGHTNING_FL_TRACEBACK=1`` gives the traceback); 130 interrupted (Ctrl+C). ``--help`` and
+    ``LIGHTNING_FL_TRACEBACK=1`` gives the traceback); 130 interrupted (Ctrl+C), 143 terminated (SIGTERM): the
+    last completed round is committed and ``--resume true`` continues from it. ``--help`` and
     ``--print_config`` exit with 0 through ``SystemExit``.
-    Warning filters and format are set for the call only and restored afterwards.
+    Warning filters and format, and the SIGTERM handler, are set for the call only and restored afterwards.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     format_before = warnings.formatwarning
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm_before = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     with warnings.catch_warnings():
         _quiet()
         try:
             return _main(args)
         finally:
             warnings.formatwarning = format_before
+            if main_thread:
+                signal.signal(signal.SIGTERM, sigterm_before)
 
 
 def _main(args: list[str]) -> int:
@@ -330,18 +346,18 @@ def _main(args: list[str]) -> int:
         parser = build_parser()
         cfg = parser.parse_args(args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as err:
+        return _interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
         print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
         run()
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as err:
+        return _interrupted(err)
     except SystemExit as err:  # Lightning turns Ctrl+C inside Trainer.fit into sys.exit(1)
         if isinstance(err.__context__, KeyboardInterrupt):
-            return _interrupted()
+            return _interrupted(err.__context__)
         raise
     except Exception as err:
         if os.environ.get(TRACEBACK_ENV) == "1":

@@ -32,7 +32,8 @@ def test_fit_writes_summary_and_resolved_config(tmp_path, capsys) -> None:
     assert summary["rounds_completed"] == 2 and 0.0 < summary["test_accuracy"] <= 1.0
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["loop"]["num_rounds"] == 2 and saved["data"]["image_size"] == 16
-    assert (tmp_path / "checkpoints" / "server.pt").exists() and (tmp_path / "logs" / "metrics.csv").exists()
+    assert json.loads((tmp_path / "manifest.json").read_text())["round_idx"] == 2
+    assert (tmp_path / "logs" / "metrics.csv").exists()
 
 
 def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:

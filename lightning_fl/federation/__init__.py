@@ -24,6 +24,8 @@ _LAZY = {
     "LeakPoints": "lightning_fl.federation.leak_points",
     "LocalGradientSource": "lightning_fl.federation.leak_points",
     "RunRecorder": "lightning_fl.federation.recording",
+    "RunLock": "lightning_fl.federation.run_lock",
+    "federation_fingerprint": "lightning_fl.federation.fingerprint",
     "FederationView": "lightning_fl.federation.view",
     "check_model": "lightning_fl.federation.model_contract",
     "split_batch": "lightning_fl.federation.model_contract",
@@ -41,10 +43,12 @@ __all__ = [
     "LeakPoints",
     "LocalGradientSource",
     "RoundContext",
+    "RunLock",
     "RunRecorder",
     "SetupContext",
     "check_model",
     "derive_seed",
+    "federation_fingerprint",
     "split_batch",
 ]
 

@@ -1,45 +1,150 @@
-"""Checkpoints of a federated run: the server's public state, and each client's own state, kept apart.
+"""Checkpoints of a federated run, committed round by round: a kill at any moment leaves a resumable run.
 
-The server checkpoint holds only what the server may store (public global state, component states,
-history); each client's private tensors and per-client state go to client-side storage. Files are written
-to a temporary name and renamed, so a crash never leaves half a file.
+Each round writes new, round-named files: the server's public state (``checkpoints/server_r<round>.pt``) and the
+client-side state of every client that trained (``clients/client_<k>_r<round>.pt``). The round is committed by
+the manifest (``manifest.json``), written last and atomically: it names the round, every file that belongs to it
+(clients that did not train keep the file of their last round) with its SHA-256, and the fingerprint of the
+settings that define the federation. Resume loads only what the manifest names, after checking the digests and
+the fingerprint; files of a round that was never committed are deleted. Server and client state therefore always
+come from the same round (a crash between the server file and the client files used to resume with stale client
+secrets).
+
+The manifest holds file names and digests only; private client state lives only in ``clients/`` (client-side
+storage) and never enters a server file. Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until
+its last file is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from lightning_fl.federation.contexts import ClientState
 from lightning_fl.private import load_state_into
 
-__all__ = ["Checkpoint"]
+__all__ = ["Checkpoint", "atomic_write", "fingerprint_changes", "held_signals"]
+
+FORMAT = 1
+"""Version of the manifest layout."""
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
     tmp.replace(path)
 
 
+def _serialise(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then deliver them (main thread only, else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda s, _: received.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(received):
+            signal.raise_signal(sig)
+
+
+def fingerprint_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: <stored> there, <current> now`` for every setting that differs between two fingerprints.
+
+    Example:
+        >>> fingerprint_changes({"data.num_clients": 4, "seed": 0}, {"data.num_clients": 3, "seed": 0})
+        ['data.num_clients: 4 there, 3 now']
+    """
+    keys = list(dict.fromkeys([*stored, *current]))
+    return [f"{k}: {stored.get(k)!r} there, {current.get(k)!r} now" for k in keys if stored.get(k) != current.get(k)]
+
+
 class Checkpoint:
-    """Where one run keeps its server and client checkpoints.
+    """Where one run commits its rounds (see the module docstring for the layout).
 
     Args:
-        output_dir: the run directory; ``checkpoints/server.pt`` and ``clients/client_<k>.pt`` below it.
-        enabled: whether the loop writes one after every round (reading a checkpoint works either way).
+        output_dir: the run directory.
+        enabled: whether the loop commits after every round (reading a checkpoint works either way).
     """
 
     def __init__(self, output_dir: str | Path, *, enabled: bool = True) -> None:
         self.output_dir, self.enabled = Path(output_dir), enabled
+        self._kept: dict[str, Any] = {"initial_private": None, "clients": {}}  # committed files still current
 
+    @property
+    def manifest_path(self) -> Path:
+        """The commit record: the last committed round, its files and their digests, the fingerprint."""
+        return self.output_dir / "manifest.json"
+
+    @property
+    def server_path(self) -> Path:
+        """The committed server file (public state only).
+
+        Raises:
+            FileNotFoundError: when no round was committed yet.
+        """
+        return self.output_dir / self._committed()["server"]["path"]
+
+    def client_path(self, client_id: int) -> Path:
+        """The committed client-side file of ``client_id`` (private tensors); never part of the server's files.
+
+        Raises:
+            FileNotFoundError: when no round was committed yet; KeyError: when the client has no state yet.
+        """
+        return self.output_dir / self._committed()["clients"][str(client_id)]["path"]
+
+    def _committed(self) -> dict[str, Any]:
+        manifest = self.read_manifest()
+        if manifest is None:
+            raise FileNotFoundError(f"{str(self.manifest_path)!r} does not exist: no round was committed yet.")
+        return manifest
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The manifest of the last committed round, or ``None`` when there is none.
+
+        Raises:
+            ValueError: if the manifest exists but is not one lightning-fl wrote.
+        """
+        if not self.manifest_path.exists():
+            return None
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+            if manifest.get("format") != FORMAT or not {"round_idx", "server", "clients"} <= set(manifest):
+                raise ValueError("unknown layout")
+        except (ValueError, AttributeError) as err:
+            raise ValueError(
+                f"{str(self.manifest_path)!r} is not a lightning-fl checkpoint manifest ({err}); "
+                "delete it or choose another output_dir."
+            ) from None
+        return manifest
+
+    # -- writing ---------------------------------------------------------------------------------------
     def save_run(self, loop: Any, touched: Iterable[int]) -> None:
-        """Write ``loop``'s server state and the client-side state of the clients in ``touched``."""
+        """Commit ``loop``'s completed round: server state, the touched clients' state, then the manifest."""
         server = {
             "round_idx": loop.round_idx,
             "global_state": {k: v.detach().cpu() for k, v in loop.global_public_state().items()},
@@ -47,13 +152,118 @@ class Checkpoint:
             "callbacks": [cb.state_dict() for cb in loop.callbacks],
             **loop.recorder.state_dict(),
         }
-        self.save(server, clients=loop.runner.state_dicts(touched), initial_private=loop.runner.initial_private)
+        self.save(
+            server,
+            round_idx=loop.round_idx,
+            clients=loop.runner.state_dicts(touched),
+            initial_private=loop.runner.initial_private,
+            fingerprint=loop.fingerprint(),
+        )
+
+    def save(
+        self,
+        server: dict[str, Any],
+        *,
+        round_idx: int,
+        clients: Mapping[int, dict[str, Any]],
+        initial_private: dict[str, Any],
+        fingerprint: dict[str, Any],
+    ) -> None:
+        """Write the round's files under round-named paths, then the manifest that commits them, then clean up."""
+        manifest = {
+            "format": FORMAT,
+            "round_idx": round_idx,
+            "fingerprint": fingerprint,
+            "server": None,
+            "initial_private": self._kept["initial_private"],
+            "clients": dict(self._kept["clients"]),
+        }
+        with held_signals():
+            manifest["server"] = self._write(f"checkpoints/server_r{round_idx:05d}.pt", server)
+            if initial_private and manifest["initial_private"] is None:
+                manifest["initial_private"] = self._write("clients/initial_private.pt", initial_private)
+            for k, state in clients.items():
+                manifest["clients"][str(k)] = self._write(f"clients/client_{k}_r{round_idx:05d}.pt", state)
+            atomic_write(self.manifest_path, json.dumps(manifest, indent=1).encode())
+            self._kept = {"initial_private": manifest["initial_private"], "clients": manifest["clients"]}
+            self.remove_uncommitted(manifest)
+
+    def _write(self, relative: str, obj: Any) -> dict[str, str]:
+        data = _serialise(obj)
+        atomic_write(self.output_dir / relative, data)
+        return {"path": relative, "sha256": hashlib.sha256(data).hexdigest()}
+
+    def remove_uncommitted(self, manifest: Mapping[str, Any] | None = None) -> list[Path]:
+        """Delete checkpoint files the manifest does not name (older rounds, a round never committed, temp files)."""
+        manifest = self.read_manifest() if manifest is None else manifest
+        named = {self.output_dir / e["path"] for e in _entries(manifest)} if manifest else set()
+        stale = [
+            p
+            for folder in ("checkpoints", "clients")
+            for p in sorted((self.output_dir / folder).glob("*"))
+            if p.is_file() and (p.suffix in (".pt", ".tmp")) and p not in named
+        ]
+        stale += [p for p in [self.manifest_path.with_name(f".{self.manifest_path.name}.tmp")] if p.exists()]
+        for path in stale:
+            path.unlink()
+        return stale
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def committed_files(self) -> list[Path]:
+        """Every file the manifest names (empty without a manifest)."""
+        manifest = self.read_manifest()
+        return [self.output_dir / e["path"] for e in _entries(manifest)] if manifest else []
+
+    def check_resumable(self, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+        """The manifest, after checking that a run with ``fingerprint`` may continue it.
+
+        Raises:
+            ValueError: without a committed round, naming the settings that changed, or naming a file that is
+                missing or whose digest does not match the manifest.
+        """
+        manifest = self.read_manifest()
+        if manifest is None:
+            raise ValueError(
+                f"resume=true but {str(self.manifest_path)!r} does not exist, so no round was committed; "
+                "drop --resume or set output_dir to the run to continue."
+            )
+        changes = fingerprint_changes(manifest.get("fingerprint", {}), fingerprint)
+        if changes:
+            raise ValueError(
+                f"resume=true but {str(self.output_dir)!r} holds a run with other settings ({'; '.join(changes)}); "
+                "resume with the settings of that run or choose another output_dir."
+            )
+        for entry in _entries(manifest):
+            self._read(entry)  # every digest, before anything is restored
+        return manifest
+
+    def _read(self, entry: Mapping[str, str]) -> Any:
+        path = self.output_dir / entry["path"]
+        if not path.exists():
+            raise ValueError(f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume.")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed after it was "
+                "committed); the run cannot resume."
+            )
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+    def load_server(self) -> dict[str, Any] | None:
+        """The server state of the last committed round, or ``None`` when there is none."""
+        manifest = self.read_manifest()
+        return self._read(manifest["server"]) if manifest else None
 
     def restore_run(self, loop: Any) -> bool:
-        """Restore ``loop`` to its last completed round; False when there is no checkpoint."""
-        state = self.load_server()
-        if state is None:
+        """Restore ``loop`` to its last committed round; False when there is none.
+
+        Raises:
+            ValueError: see :meth:`check_resumable`.
+        """
+        if self.read_manifest() is None:
             return False
+        manifest = self.check_resumable(loop.fingerprint())
+        state = self._read(manifest["server"])
         load_state_into(loop.global_model, state["global_state"])
         loop.round_idx = int(state["round_idx"])
         for component, c_state in zip(loop.components(), state["components"], strict=True):
@@ -61,54 +271,15 @@ class Checkpoint:
         for cb, cb_state in zip(loop.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
         loop.recorder.load_state_dict(state)
-        loop.runner.initial_private = self.load_initial_private() or loop.runner.initial_private
-        for k, c_state in self.load_clients(range(loop.num_clients)).items():
-            loop.runner.states[k] = ClientState.from_state_dict(c_state)
+        if manifest["initial_private"] is not None:  # the global model's own private layers never change
+            loop.runner.initial_private = self._read(manifest["initial_private"])
+            load_state_into(loop.global_model, loop.runner.initial_private)
+        for k, entry in manifest["clients"].items():
+            loop.runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
+        self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
         return True
 
-    @property
-    def server_path(self) -> Path:
-        """The server checkpoint (public state only)."""
-        return self.output_dir / "checkpoints" / "server.pt"
 
-    @property
-    def initial_private_path(self) -> Path:
-        """What new clients start their private state from (client-side storage)."""
-        return self.output_dir / "clients" / "initial_private.pt"
-
-    def client_path(self, client_id: int) -> Path:
-        """Client-side storage (private tensors); never part of the server checkpoint."""
-        return self.output_dir / "clients" / f"client_{client_id}.pt"
-
-    def save(
-        self,
-        server: dict[str, Any],
-        *,
-        clients: Mapping[int, dict[str, Any]],
-        initial_private: dict[str, Tensor],
-    ) -> None:
-        """Write the server state, the state of the given clients, and (once) the initial private state."""
-        _atomic_save(server, self.server_path)
-        if initial_private and not self.initial_private_path.exists():
-            _atomic_save(initial_private, self.initial_private_path)
-        for client_id, state in clients.items():
-            _atomic_save(state, self.client_path(client_id))
-
-    def load_server(self) -> dict[str, Any] | None:
-        """The server state of the last completed round, or ``None`` when there is none."""
-        if not self.server_path.exists():
-            return None
-        return torch.load(self.server_path, map_location="cpu", weights_only=True)
-
-    def load_initial_private(self) -> dict[str, Tensor] | None:
-        """The stored initial private state, or ``None``."""
-        path = self.initial_private_path
-        return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
-
-    def load_clients(self, client_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
-        """The stored state of each client in ``client_ids`` that has one."""
-        return {
-            k: torch.load(self.client_path(k), map_location="cpu", weights_only=True)
-            for k in client_ids
-            if self.client_path(k).exists()
-        }
+def _entries(manifest: Mapping[str, Any]) -> list[Mapping[str, str]]:
+    entries = [manifest["server"], manifest.get("initial_private"), *manifest["clients"].values()]
+    return [e for e in entries if e is not None]

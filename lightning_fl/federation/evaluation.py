@@ -121,6 +121,17 @@ class Evaluator:
             results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
         )
 
+    def check_metric(self, model: L.LightningModule, loader: Iterable[Any]) -> None:
+        """Test ``model`` on one batch of ``loader``, so a ``metric`` the model never logs fails before training.
+
+        Raises:
+            KeyError: naming ``loop.eval_metric`` and what was logged.
+        """
+        with quiet_lightning():
+            trainer = build_trainer({**self.options, "limit_test_batches": 1})
+            results = trainer.test(model, dataloaders=loader, verbose=False)
+        logged_metric(results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+
     def evaluate(
         self,
         global_model: L.LightningModule,

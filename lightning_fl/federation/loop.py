@@ -10,6 +10,7 @@ exactly as the uninterrupted one. See docs/architecture.md.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +28,20 @@ from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
 from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
+from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
+from lightning_fl.federation.run_lock import RunLock
 from lightning_fl.federation.trainers import quiet_lightning, trainer_options
-from lightning_fl.federation.updates import Downlink, check_aggregate, check_update, decode_aggregate
+from lightning_fl.federation.updates import (
+    Downlink,
+    check_aggregate,
+    check_update,
+    decode_aggregate,
+    drop_norm_outliers,
+    encode_update,
+)
 from lightning_fl.federation.view import FederationView
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
@@ -72,6 +82,12 @@ class FederatedLoop:
         eval_metric: the name the model logs in ``test_step`` (reported as ``test_accuracy``); train_loss_key:
             the one it logs in ``training_step`` (reported as ``train_loss``).
         min_clients: a round fails with an error when fewer valid updates than this remain.
+        max_update_norm_ratio: drop a plaintext update whose L2 norm (float64, after the client transforms) exceeds
+            this multiple of the round's median update norm; ``None`` disables. The default 1000 only catches
+            broken or malicious updates (honest clients on the same model differ by far less).
+        max_update_norm: drop any update whose L2 norm exceeds this absolute bound; ``None`` disables. An
+            update that a client transform encrypts (Paillier) is checked against it on the client, before
+            encryption: the server cannot see its norm, and nobody sees the other clients' norms.
         output_dir: run directory for ``summary.json``, checkpoints, logs and attack images.
         checkpoint: write a checkpoint after every round (needed for ``resume``).
         seed: master seed; every random stream derives from it.
@@ -108,12 +124,18 @@ class FederatedLoop:
         eval_metric: str = "test_acc",
         train_loss_key: str = "train_loss",
         min_clients: int = 1,
+        max_update_norm_ratio: float | None = 1e3,
+        max_update_norm: float | None = 1e6,
         output_dir: str | Path = "runs/lightning-fl",
         checkpoint: bool = True,
         seed: int = 0,
         progress_bar: bool = True,
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
+        if max_update_norm_ratio is not None and not max_update_norm_ratio > 1:
+            raise ValueError(f"loop.max_update_norm_ratio={max_update_norm_ratio} must be > 1 (or null to disable).")
+        if max_update_norm is not None and not max_update_norm > 0:
+            raise ValueError(f"loop.max_update_norm={max_update_norm} must be > 0 (or null to disable).")
         options = trainer_options(trainer)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
         datamodule.setup()  # load and partition now, so data errors surface before any training
@@ -134,7 +156,10 @@ class FederatedLoop:
         self.callbacks = [*parts.callbacks, *callbacks]
         self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
+        self.max_update_norm_ratio = math.inf if max_update_norm_ratio is None else max_update_norm_ratio
+        self.max_update_norm = math.inf if max_update_norm is None else max_update_norm
         self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
+        self.lock = RunLock(self.output_dir)
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
@@ -144,6 +169,8 @@ class FederatedLoop:
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)
         self.round_idx = 0
+        self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
+        self._touched: list[int] = []
 
     @property
     def clients(self) -> list[Any]:
@@ -184,13 +211,12 @@ class FederatedLoop:
             update = self.runner.fit(ctx, received, callbacks=callbacks)
             for cb in self.callbacks:
                 cb.on_client_fit_end(self.view, update)
-            for transform in self.client_transforms:
-                update = transform(update, ctx=ctx)
+            update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except Exception as err:  # a failing client must never stop or corrupt the federation
             warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=2)
             log.exception("client %s failed", client_id)
             return None
-        reason = check_update(update, {k: round_ctx.global_state[k] for k in self.spec.update_keys})
+        reason = refused or check_update(update, {k: round_ctx.global_state[k] for k in self.spec.update_keys})
         if reason is not None:
             warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=2)
             return None
@@ -208,9 +234,13 @@ class FederatedLoop:
             k=self.clients_per_round,
             generator=ctx.rng("select"),
         )
+        self._touched = list(selected)  # whose client-side state may have changed: committed with the round
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)
         updates = [u for u in (self._run_client(ctx, k) for k in selected) if u is not None]
+        updates = drop_norm_outliers(
+            updates, max_ratio=self.max_update_norm_ratio, max_norm=self.max_update_norm, round_idx=self.round_idx
+        )
         if len(updates) < self.min_clients:
             raise RuntimeError(
                 f"round {self.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
@@ -251,22 +281,63 @@ class FederatedLoop:
         transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
         return [self.selector, self.aggregator, *transforms]
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that define this federation; a resumed run must match the checkpoint's (see
+        :mod:`lightning_fl.federation.fingerprint`)."""
+        return federation_fingerprint(self)
+
+    def prepare(self, *, resume: bool = False) -> None:
+        """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.
+
+        Restores the last committed round (``resume``), runs every component's ``setup`` (their configuration
+        checks, key ceremonies) and tests the global model on one batch, so a wrong ``eval_metric`` fails here.
+
+        Raises:
+            ValueError: on a setting a component rejects, a checkpoint that does not belong to this federation
+                (naming the changed keys) or a corrupt one.
+            KeyError: when the model does not log ``eval_metric``.
+            RuntimeError: when another live run holds ``output_dir``.
+        """
+        if self._prepared is not None:
+            if self._prepared != resume:
+                raise RuntimeError(f"FederatedLoop.prepare ran with resume={self._prepared}; fit(resume={resume}).")
+            return
+        self.lock.check()
+        if resume and self.checkpoint.restore_run(self):
+            log.info("resumed after round %d", self.round_idx - 1)
+        setup = SetupContext.of(self)
+        for component in self.components():
+            component.setup(setup)
+        if self.evaluator.every and self.datamodule.has_test_set:
+            self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
+        self._prepared = resume
+
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
-        """Run the remaining rounds; with ``resume``, continue from the last checkpointed round.
+        """Run the remaining rounds; with ``resume``, continue from the last committed round.
+
+        Each finished round is committed (checkpoint manifest) and appended to ``logs/metrics.csv`` and
+        ``summary.json``; ``output_dir`` is locked against a second run while this one writes.
 
         Returns:
             the summary (also written to ``output_dir/summary.json``).
         """
+        self.prepare(resume=resume)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            if resume:
+                self.checkpoint.remove_uncommitted()
+            return self._run_rounds()
+        finally:
+            self.lock.release()
+
+    def _run_rounds(self) -> dict[str, Any]:
         from rich.progress import Progress
 
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        if resume and self.checkpoint.restore_run(self):
-            log.info("resumed after round %d", self.round_idx - 1)
         self.recorder.stop_reason = None
         self.recorder.start()
-        setup = SetupContext.of(self)
-        for component in self.components():
-            component.setup(setup)
+        if self.checkpoint.enabled and self.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
+            self.checkpoint.save_run(self, touched=range(self.num_clients))
         for cb in self.callbacks:
             cb.on_fit_start(self.view)
         with quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
@@ -278,8 +349,8 @@ class FederatedLoop:
                     cb.on_round_end(self.view, self.round_idx, entry)
                 self.round_idx += 1
                 if self.checkpoint.enabled:
-                    self.checkpoint.save_run(self, touched=entry["clients"])
-                self.recorder.write_summary()
+                    self.checkpoint.save_run(self, touched=self._touched)
+                self.recorder.write()
                 acc = entry.get("test_accuracy")
                 progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")
                 if self.recorder.stop_reason:
@@ -288,5 +359,5 @@ class FederatedLoop:
         for cb in self.callbacks:
             cb.on_fit_end(self.view)
         self.recorder.finalize()
-        self.recorder.write_summary()
+        self.recorder.write()
         return self.recorder.summary()

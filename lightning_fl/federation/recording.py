@@ -1,27 +1,99 @@
-"""Run recording: the per-round history, attack results, loggers (CSV, W&B, the user's) and ``summary.json``."""
+"""Run recording: the per-round history, attack results, loggers (W&B, the user's), the CSVs and ``summary.json``.
+
+The files are durable round by round: ``logs/metrics.csv`` (one row per round) and ``logs/attacks.csv`` (one row
+per attack result) get each new row appended and flushed when the round ends, and ``summary.json`` is replaced
+atomically, so a killed run leaves every finished round on disk. A resumed run rewrites them from the restored
+history first, so a round that was written but never committed to the checkpoint does not appear twice.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import Logger
 
+from lightning_fl.federation.checkpoint import atomic_write, held_signals
 from lightning_fl.messages import ClientUpdate
 
-__all__ = ["RunRecorder"]
+__all__ = ["RunRecorder", "TidyCsv"]
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, default=float)
+    return value
+
+
+class TidyCsv:
+    """A CSV file of one row per record, appended and flushed per record, rewritten when a new column appears.
+
+    Args:
+        path: the file.
+        first: columns that come first (the rest follow in order of first appearance).
+
+    Example:
+        >>> import tempfile
+        >>> table = TidyCsv(Path(tempfile.mkdtemp()) / "metrics.csv", first=("round",))
+        >>> table.sync([{"round": 0, "loss": 0.5}]); table.sync([{"round": 0, "loss": 0.5}, {"round": 1, "acc": 0.9}])
+        >>> table.path.read_text().splitlines()
+        ['round,loss,acc', '0,0.5,', '1,,0.9']
+    """
+
+    def __init__(self, path: Path, *, first: Sequence[str] = ()) -> None:
+        self.path, self.first = path, tuple(first)
+        self._columns: list[str] = []
+        self._written = -1  # rows on disk; -1: the file was not written by this object yet
+
+    def _header(self, rows: Sequence[dict[str, Any]]) -> list[str]:
+        columns = dict.fromkeys(c for c in self.first if any(c in r for r in rows))
+        for row in rows:
+            columns.update(dict.fromkeys(row))
+        return list(columns)
+
+    def sync(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Make the file hold ``rows``: append the new ones, or rewrite it atomically when the header grows."""
+        if not rows:  # no file for an empty table (and none left over from a round that was not committed)
+            self.path.unlink(missing_ok=True)
+            self._written = 0
+            return
+        columns = self._header(rows)
+        if self._written <= 0 or columns != self._columns or len(rows) < self._written:
+            atomic_write(self.path, self._render(columns, rows, header=True))
+            self._columns, self._written = columns, len(rows)
+            return
+        if len(rows) > self._written:
+            with open(self.path, "ab") as handle:
+                handle.write(self._render(columns, rows[self._written :], header=False))
+                handle.flush()
+                os.fsync(handle.fileno())
+            self._written = len(rows)
+
+    @staticmethod
+    def _render(columns: list[str], rows: Sequence[dict[str, Any]], *, header: bool) -> bytes:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+        return out.getvalue().encode()
 
 
 class RunRecorder:
-    """Collects what a run reports and writes it to the loggers and ``output_dir/summary.json``.
+    """Collects what a run reports and writes it to the loggers, the CSVs and ``output_dir/summary.json``.
 
     Args:
-        output_dir: the run directory.
-        loggers: extra Lightning loggers, stepped by round. A CSV logger is always added.
+        output_dir: the run directory; ``logs/metrics.csv``, ``logs/attacks.csv`` and ``summary.json`` below it.
+        loggers: extra Lightning loggers, stepped by round.
         wandb_project: if set, also log to Weights & Biases under this project.
         wandb_mode: ``offline``, ``online`` or ``disabled``.
     """
@@ -42,6 +114,8 @@ class RunRecorder:
         self.attacks: list[dict[str, Any]] = []
         self.round_metrics: dict[str, float] = {}
         self.stop_reason: str | None = None
+        self.metrics_csv = TidyCsv(self.output_dir / "logs" / "metrics.csv", first=("round",))
+        self.attacks_csv = TidyCsv(self.output_dir / "logs" / "attacks.csv", first=("round", "client", "attack"))
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's history entry."""
@@ -52,8 +126,9 @@ class RunRecorder:
         self.attacks.append(dict(entry))
 
     def start(self) -> None:
-        """Open the loggers; a resumed run replays the finished rounds so every logger holds the whole curve."""
-        self.loggers = [CSVLogger(str(self.output_dir), name="logs", version="")]
+        """Open the loggers and rewrite the files from the history; a resumed run replays the finished rounds so
+        every logger holds the whole curve."""
+        self.loggers = []
         if self.wandb_project is not None:
             from lightning.pytorch.loggers import WandbLogger
 
@@ -63,6 +138,7 @@ class RunRecorder:
         self.loggers.extend(self._extra_loggers)
         for entry in self.history:
             self._log_entry(entry)
+        self.write()
 
     @staticmethod
     def new_entry(round_idx: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
@@ -95,11 +171,14 @@ class RunRecorder:
             "stop_reason": self.stop_reason,
         }
 
-    def write_summary(self) -> Path:
-        """Write ``summary.json`` and return its path."""
+    def write(self) -> Path:
+        """Bring ``logs/metrics.csv``, ``logs/attacks.csv`` and ``summary.json`` up to date; returns the summary's
+        path. Rows are appended and flushed, the summary is replaced atomically; Ctrl+C and SIGTERM wait."""
         path = self.output_dir / "summary.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.summary(), indent=2, default=float))
+        with held_signals():
+            self.metrics_csv.sync(self.history)
+            self.attacks_csv.sync(self.attacks)
+            atomic_write(path, json.dumps(self.summary(), indent=2, default=float).encode())
         return path
 
     def finalize(self) -> None:

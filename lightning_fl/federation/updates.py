@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,12 +12,77 @@ import torch
 from torch import Tensor
 
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.validation import update_norm_outliers
 
 if TYPE_CHECKING:
     from lightning_fl.federation.contexts import ClientContext
     from lightning_fl.transforms import BroadcastTransform, ClientTransform
 
-__all__ = ["Downlink", "check_aggregate", "check_update", "decode_aggregate"]
+__all__ = [
+    "Downlink",
+    "check_aggregate",
+    "check_update",
+    "decode_aggregate",
+    "drop_norm_outliers",
+    "encode_update",
+    "update_norm",
+]
+
+
+def update_norm(update: ClientUpdate) -> float:
+    """The L2 norm of ``update.delta`` over all its tensors, in float64 (float32 overflows to inf near 3e38).
+
+    Example:
+        >>> update_norm(ClientUpdate(0, 0, {"a": torch.full((2,), 3e38), "b": torch.zeros(1)}, 1, 0.0)) > 4e38
+        True
+    """
+    total = sum(float(v.detach().double().pow(2).sum()) for v in update.delta.values())
+    return math.sqrt(total)
+
+
+def encode_update(
+    update: ClientUpdate, transforms: Sequence[ClientTransform], *, ctx: ClientContext, max_norm: float = math.inf
+) -> tuple[ClientUpdate, str | None]:
+    """Client side: apply the client transforms in order; returns the update to send and why not to send it.
+
+    An update that a transform encrypts (its ``payload`` appears) is checked against ``max_norm`` by the client
+    itself, on the plaintext just before encryption: afterwards the server cannot see its norm.
+    """
+    for transform in transforms:
+        encoded = transform(update, ctx=ctx)
+        if update.payload is None and encoded.payload is not None:
+            norm = update_norm(update)
+            if not norm <= max_norm:
+                return encoded, f"its norm {norm:.3g} before encryption exceeds loop.max_update_norm={max_norm:g}"
+        update = encoded
+    return update, None
+
+
+def drop_norm_outliers(
+    updates: Sequence[ClientUpdate], *, max_ratio: float, max_norm: float, round_idx: int
+) -> list[ClientUpdate]:
+    """Server side, before aggregation: drop plaintext updates whose float64 norm is an outlier, with a warning.
+
+    The rule is :func:`lightning_fl.validation.update_norm_outliers` (``max_ratio`` times the round's lower median,
+    or above ``max_norm``). Encrypted updates were checked by their clients (:func:`encode_update`).
+    """
+    plain = [u for u in updates if u.payload is None]
+    norms = [update_norm(u) for u in plain]
+    if not plain or (math.isinf(max_ratio) and math.isinf(max_norm)):
+        return list(updates)
+    outliers = update_norm_outliers(norms, max_ratio=max_ratio, max_norm=max_norm)
+    flagged = {plain[i].client_id: norms[i] for i in outliers}
+    finite = sorted(n for n in norms if math.isfinite(n))
+    median = finite[(len(finite) - 1) // 2] if finite else math.nan
+    for client_id, norm in flagged.items():
+        reason = (
+            f"its norm {norm:.3g} exceeds loop.max_update_norm={max_norm:g}"
+            if norm > max_norm
+            else f"its norm {norm:.3g} is more than loop.max_update_norm_ratio={max_ratio:g} times the round's "
+            f"median update norm {median:.3g}"
+        )
+        warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=3)
+    return [u for u in updates if u.client_id not in flagged]
 
 
 def check_update(update: ClientUpdate, expected: Mapping[str, Tensor]) -> str | None:

@@ -16,6 +16,7 @@ from lightning_fl.attacks import IDLGAttack
 from lightning_fl.callbacks import FederatedCallback, GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import ClientDPSGD, Defence, FedCDP, FedSDP, PerExampleDP
+from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.models import ImageClassifier
 from lightning_fl.privacy import PrivacyAccountant, Schedule
 from lightning_fl.server import FedAvg
@@ -159,7 +160,7 @@ def test_client_accountants_persist_per_client_and_resume(tmp_path: Path) -> Non
     )  # one LightningModule for all clients: no Opacus hooks or per-sample state left on it
     assert not any(m._forward_hooks or m._backward_hooks for m in worker.modules())
     assert not any(hasattr(p, "grad_sample") for p in worker.parameters())
-    server = torch.load(tmp_path / "full" / "checkpoints" / "server.pt", weights_only=True)
+    server = torch.load(Checkpoint(tmp_path / "full").server_path, weights_only=True)
     assert ClientDPSGD.extra_key not in str(server["callbacks"])
 
 

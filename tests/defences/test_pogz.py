@@ -94,7 +94,7 @@ def test_noisy_upload_keeps_pogz_on_the_client_and_composes_epsilon_over_rounds(
         "backbone.body.4",
         "backbone.fc",
     }
-    server = torch.load(tmp_path / "checkpoints" / "server.pt", weights_only=True)
+    server = torch.load(loop.checkpoint.server_path, weights_only=True)
     assert "dpfl" not in str(server)
 
 

@@ -198,7 +198,7 @@ def test_loggers_step_by_round_and_wandb_stays_offline(tiny_digits, tmp_path, mo
     loop = _loop(tiny_digits, tmp_path, num_rounds=2, wandb_project="lightning-fl-tests")
     loop.fit()
     rows = list(csv.DictReader((tmp_path / "logs" / "metrics.csv").open()))
-    assert [int(r["step"]) for r in rows] == [0, 1] and all(r["test_accuracy"] for r in rows)
+    assert [int(r["round"]) for r in rows] == [0, 1] and all(r["test_accuracy"] for r in rows)
     assert list((tmp_path / "wandb").glob("offline-run-*"))
 
 

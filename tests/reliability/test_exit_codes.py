@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -25,11 +26,34 @@ def _fit(output_dir, *extra: str) -> list[str]:
     return ["fit", "--config", str(QUICKSTART), "--output_dir", str(output_dir), *FAST, *extra]
 
 
+def _fail_round(*_: object, **__: object) -> None:
+    raise RuntimeError("round 0: only 0 valid client updates")
+
+
 def test_a_failure_after_training_started_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
-    assert main(_fit(tmp_path, "--loop.eval_metric", "nope")) == 1
+    monkeypatch.setattr(FederatedLoop, "run_round", _fail_round)
+    assert main(_fit(tmp_path)) == 1
     line = one_error_line(capsys.readouterr().err)
-    assert "run failed: KeyError: loop.eval_metric='nope' was not logged" in line and cli.TRACEBACK_ENV in line
+    assert "run failed: RuntimeError: round 0: only 0 valid client updates" in line and cli.TRACEBACK_ENV in line
+
+
+def test_a_wrong_eval_metric_is_rejected_before_training(tmp_path, capsys) -> None:
+    assert main(_fit(tmp_path / "run", "--loop.eval_metric", "nope")) == 2
+    assert "loop.eval_metric='nope' was not logged by ImageClassifier.test_step" in one_error_line(
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_setup_time_error_of_a_component_exits_with_2(tmp_path, capsys) -> None:
+    args = [
+        "--loop.client_transforms",
+        '[{"class_path": "lightning_fl.defences.PaillierEncryption", "init_args": {"key_size": 256}}]',
+    ]
+    assert main(_fit(tmp_path / "run", *args)) == 2
+    assert "FedAvg cannot read Paillier ciphertexts" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_full_disk_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) -> None:
@@ -44,8 +68,9 @@ def test_a_full_disk_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) ->
 
 def test_the_traceback_env_shows_the_failure_itself(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
-    with pytest.raises(KeyError, match=r"loop.eval_metric='nope'"):
-        main(_fit(tmp_path, "--loop.eval_metric", "nope"))
+    monkeypatch.setattr(FederatedLoop, "run_round", _fail_round)
+    with pytest.raises(RuntimeError, match=r"only 0 valid client updates"):
+        main(_fit(tmp_path))
 
 
 def _interrupt(*_: object, **__: object) -> None:
@@ -97,16 +122,31 @@ def test_the_command_exits_with_2_and_one_line_on_a_bad_config(tmp_path) -> None
     assert not (tmp_path / "run").exists()
 
 
-def test_ctrl_c_during_training_exits_with_130_and_one_line(tmp_path) -> None:
+def _rounds(summary) -> int:
+    try:
+        return json.loads(summary.read_text())["rounds_completed"]
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("sig", "rc", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["INT", "TERM"],
+)
+def test_a_signal_during_training_exits_with_one_line_and_a_resumable_run(tmp_path, sig, rc, word) -> None:
     run = tmp_path / "run"
     process = _command(*_fit(run)[:-6], "--loop.num_rounds", "200", "--data.image_size", "16")
-    checkpoint, deadline = run / "checkpoints" / "server.pt", time.monotonic() + 120
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+    summary, deadline = run / "summary.json", time.monotonic() + 120
+    while _rounds(summary) < 1 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert checkpoint.exists(), process.communicate()[1]
-    process.send_signal(signal.SIGINT)
+    assert _rounds(summary) >= 1, process.communicate()[1]
+    process.send_signal(sig)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130
+    assert process.returncode == rc
     assert stderr.strip().splitlines() == [
-        "lightning-fl: interrupted; a fit run continues from its last completed round with --resume true."
+        f"lightning-fl: {word}; a fit run continues from its last completed round with --resume true."
     ]
+    assert not list(run.rglob("*.tmp")) and not (run / ".lightning-fl.lock").exists()
+    committed = json.loads((run / "manifest.json").read_text())["round_idx"]
+    assert committed - 1 <= _rounds(summary) <= committed

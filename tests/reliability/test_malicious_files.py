@@ -56,7 +56,7 @@ def test_lpips_uses_plain_hub_weights_read_safely(hub_dir) -> None:
     assert same.shape == (2,) and same.abs().max() < 1e-6 and (different > 0).all()
 
 
-@pytest.mark.parametrize("where", ["checkpoints/server.pt", "clients/client_0.pt"])
+@pytest.mark.parametrize("where", ["checkpoints/server_r00001.pt", "clients/client_0_r00001.pt"])
 def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, where: str) -> None:
     run = tmp_path / "run"
     base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST]

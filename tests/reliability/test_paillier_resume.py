@@ -19,6 +19,7 @@ from lightning_fl.defences.secure_aggregation.paillier import (
     private_key_state,
 )
 from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD
+from lightning_fl.federation.checkpoint import Checkpoint
 from tests.reliability.helpers import CONFIGS
 
 HE_CONFIG = CONFIGS / "fedboosting_he_digits.yaml"
@@ -63,7 +64,7 @@ def _he_run(output_dir, *extra: str, key_size: int) -> list[str]:
 
 
 def _stored_key(output_dir) -> dict:
-    return torch.load(output_dir / "clients" / "client_0.pt", weights_only=True)["extra"][KEY_FIELD]
+    return torch.load(Checkpoint(output_dir).client_path(0), weights_only=True)["extra"][KEY_FIELD]
 
 
 def _resume_keeps_the_key(tmp_path, key_size: int) -> None:
