@@ -80,7 +80,7 @@ def labelled_grid(
     for k in range(count):
         x = _PAD + k * (cell + _PAD)
         truth_text = f"truth: label {true_labels[k]}"
-        source = (names[k] if names else "")[-(cell // 7) :]
+        source = _tail_that_fits(names[k] if names else "", cell, font)
         recovered = "-" if recovered_labels[k] is None else recovered_labels[k]
         ok = (
             ""
@@ -94,6 +94,17 @@ def labelled_grid(
         canvas.paste(_cell(reconstruction[k], cell), (x, y))
         draw.multiline_text((x, y + cell + 2), recon_text, fill="black", font=font, spacing=2)
     return canvas
+
+
+def _tail_that_fits(text: str, width: int, font: ImageFont.ImageFont) -> str:
+    """``text``, or its end behind an ellipsis, narrow enough for ``width`` pixels (a path keeps its file name)."""
+    if font.getlength(text) <= width:
+        return text
+    for start in range(1, len(text)):
+        tail = "…" + text[start:]
+        if font.getlength(tail) <= width:
+            return tail
+    return ""
 
 
 def attack_report(
