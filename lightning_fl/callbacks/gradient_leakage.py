@@ -15,7 +15,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.messages import LEAK_POINTS, GroundTruth, LeakPoint, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.view import FederationView as FederatedLoop
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["GradientLeakage"]
 
@@ -98,33 +98,33 @@ class GradientLeakage(FederatedCallback):
         """Only the hook of the chosen leak point, so the loop builds no other views for this callback."""
         return hook == _HOOKS[self.leak_point]
 
-    def _wanted(self, loop: FederatedLoop, client_id: int | None) -> bool:
+    def _wanted(self, loop: FederationView, client_id: int | None) -> bool:
         if loop.round_idx not in self.rounds:
             return False
         return client_id is None or self.clients is None or client_id in self.clients
 
     @override
-    def on_client_fit_start(self, loop: FederatedLoop, client_id: int) -> None:
+    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
         self._step = 0
 
     @override
-    def on_local_gradient(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         step, self._step = self._step, self._step + 1
         if step in self.step_indices and self._wanted(loop, view.metadata.get("client_id")):
             self._attack_and_log(loop, view, ground_truth, step=step)
 
     @override
-    def on_client_update(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         if self._wanted(loop, view.metadata.get("client_id")):
             self._attack_and_log(loop, view, ground_truth)
 
     @override
-    def on_aggregate_end(self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         if self._wanted(loop, None):
             self._attack_and_log(loop, view, ground_truth)
 
     def _attack_and_log(
-        self, loop: FederatedLoop, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
+        self, loop: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
     ) -> None:
         client = view.metadata.get("client_id")
         leaked = leaked_batch_size(view)
