@@ -127,6 +127,11 @@ def _check_fit(cfg: Namespace, init: Namespace) -> None:
     check_callback_schedule(callbacks, num_rounds=cfg.loop.num_rounds, num_clients=init.data.num_clients)
 
 
+def _resolved_config(cfg: Namespace) -> dict[str, Any]:
+    """The resolved config as plain data (``wandb.config``): what ``--print_config`` prints."""
+    return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
+
+
 def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
     """Build and check everything of a fit run; the returned call trains and is the first to write."""
     output_dir = Path(cfg.output_dir)
@@ -142,6 +147,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.server_path)
+    loop.recorder.config = _resolved_config(cfg)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
 
