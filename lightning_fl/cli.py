@@ -1,4 +1,5 @@
-"""The ``lightning-fl`` command: ``fit`` (federated training) and ``attack`` (one attack on one batch).
+"""The ``lightning-fl`` command: ``fit`` (federated training), ``attack`` (one attack on one batch), ``bench``
+(every attack against every defence, :mod:`lightning_fl.bench`).
 
 Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
 command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
@@ -23,10 +24,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
 
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, apply_defences
@@ -94,7 +95,24 @@ def _attack_parser() -> ArgumentParser:
     return parser
 
 
-SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {"fit": _fit_parser, "attack": _attack_parser}
+def _bench_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        description="Every attack against every defence on the same loop: a grid of short federated runs.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
+    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
+    parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
+    parser.add_argument("--output_dir", type=Optional[str], default=None, help="Default: the config's output_dir.")
+    parser.add_argument("--wandb_project", type=Optional[str], default=None, help="Also log the table to W&B.")
+    return parser
+
+
+SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
+    "fit": _fit_parser,
+    "attack": _attack_parser,
+    "bench": _bench_parser,
+}
 
 
 def build_parser() -> ArgumentParser:
@@ -195,9 +213,29 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     return attack
 
 
+def _prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:
+    """Read and check a bench config; the returned call runs the grid and is the first to write."""
+    from lightning_fl.bench import cells, load_settings, run_bench
+
+    if cfg.jobs < 1:
+        raise ValueError(f"--jobs={cfg.jobs} must be >= 1.")
+    settings = load_settings(cfg.config, quick=cfg.quick)
+    output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
+    check_output_dir(output_dir)
+    for cell in cells(settings)[:1]:
+        cell.spec(settings)  # a defence or attack name missing from its section fails here, before any run
+    command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + f" --jobs {cfg.jobs}"
+
+    def bench() -> list[dict[str, Any]]:
+        return run_bench(settings, output_dir, jobs=cfg.jobs, command=command, wandb_project=cfg.wandb_project)
+
+    return bench
+
+
 RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
     "fit": _prepare_fit,
     "attack": _prepare_attack,
+    "bench": _prepare_bench,
 }
 """Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
 
