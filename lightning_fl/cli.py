@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
@@ -103,8 +103,8 @@ def _bench_parser() -> ArgumentParser:
     parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
     parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
     parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
-    parser.add_argument("--output_dir", type=Optional[str], default=None, help="Default: the config's output_dir.")
-    parser.add_argument("--wandb_project", type=Optional[str], default=None, help="Also log the table to W&B.")
+    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
+    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
     return parser
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLUMNS", "summarise", "write_csv", "write_heatmap", "write_markdown", "write_scatter"]
+__all__ = ["COLUMNS", "log_to_wandb", "summarise", "write_csv", "write_heatmap", "write_markdown", "write_scatter"]
 
 _VALUES = ("test_accuracy", "epsilon", "psnr", "ssim", "lpips", "label_accuracy", "success_rate")
 COLUMNS = (
