@@ -1,5 +1,6 @@
 """The ``lightning-fl`` command: ``fit`` (federated training), ``attack`` (one attack on one batch), ``bench``
-(every attack against every defence, :mod:`lightning_fl.bench`).
+(every attack against every defence, :mod:`lightning_fl.bench`), ``validate`` / ``test`` (a saved public global
+model, ``global_model.safetensors``, on the validation or test data).
 
 Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
 command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
@@ -31,6 +32,7 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespac
 
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, apply_defences
+from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.validation import (
     check_callback_schedule,
@@ -95,6 +97,19 @@ def _attack_parser() -> ArgumentParser:
     return parser
 
 
+def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
+    def build() -> ArgumentParser:
+        parser = _fit_parser()
+        where = "the test set" if stage == "test" else "the clients' validation splits, pooled"
+        parser.description = f"{stage.capitalize()} a saved public global model ({GLOBAL_MODEL_FILE}) on {where}."
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help=f"Default: <output_dir>/{GLOBAL_MODEL_FILE}."
+        )
+        return parser
+
+    return build
+
+
 def _bench_parser() -> ArgumentParser:
     parser = ArgumentParser(
         description="Every attack against every defence on the same loop: a grid of short federated runs.",
@@ -112,6 +127,8 @@ SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
     "fit": _fit_parser,
     "attack": _attack_parser,
     "bench": _bench_parser,
+    "validate": _evaluate_parser("validate"),
+    "test": _evaluate_parser("test"),
 }
 
 
@@ -173,6 +190,8 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         output_dir.mkdir(parents=True, exist_ok=True)
         parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
         summary = loop.fit(resume=cfg.resume)
+        rounds = str(summary["rounds_completed"])
+        save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
         print(f"summary: {output_dir / 'summary.json'}")
         return summary
@@ -213,6 +232,39 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     return attack
 
 
+def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Callable[[], list[dict[str, float]]]]:
+    """``validate``/``test``: the fit config's model and data, with the saved public global state loaded."""
+
+    def prepare(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, float]]]:
+        from torch.utils.data import ConcatDataset, DataLoader
+
+        from lightning_fl.federation.trainers import build_trainer, trainer_options
+
+        init = _instantiate(parser, cfg)
+        apply_defences(init.model, init.defences)  # the defended model's public keys are what fit exported
+        load_global_model(init.model, cfg.ckpt_path or Path(cfg.output_dir) / GLOBAL_MODEL_FILE)
+        data = init.data
+        if stage == "test":
+            loader = data.test_dataloader()
+        else:
+            pooled = ConcatDataset([data.client_val_set(k) for k in range(data.num_clients)])
+            if len(pooled) == 0:
+                raise ValueError("validate needs validation data: set data.val_fraction > 0 (or use `test`).")
+            loader = DataLoader(pooled, batch_size=data.eval_batch_size)
+        trainer = build_trainer(trainer_options(cfg.loop.trainer), validate=stage == "validate")
+
+        def evaluate() -> list[dict[str, float]]:
+            run = trainer.test if stage == "test" else trainer.validate
+            results = run(init.model, dataloaders=loader, verbose=False)
+            for key, value in results[0].items():
+                print(f"{key}: {value:.4f}")
+            return results
+
+        return evaluate
+
+    return prepare
+
+
 def _prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:
     """Read and check a bench config; the returned call runs the grid and is the first to write."""
     from lightning_fl.bench import cells, load_settings, run_bench
@@ -236,6 +288,8 @@ RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
     "fit": _prepare_fit,
     "attack": _prepare_attack,
     "bench": _prepare_bench,
+    "validate": _prepare_evaluate("validate"),
+    "test": _prepare_evaluate("test"),
 }
 """Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
 
