@@ -51,7 +51,7 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist; `lightning-fl fit` writes {GLOBAL_MODEL_FILE}.")
+        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist; lightning-fl fit writes {GLOBAL_MODEL_FILE}.")
     state = load_file(str(path))
     public = public_state(model)
     private = set(private_state(model)) & set(state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from PIL import Image
 
 from lightning_fl.attacks import DLGAttack
@@ -15,10 +17,14 @@ from tests.wandb_offline import offline_run
 _SMALL = ["--loop.num_rounds", "2", "--data.num_clients", "4", "--loop.clients_per_round", "2"]
 
 
-def test_quickstart_fit_logs_resolved_config_round_axis_and_curves(tmp_path, monkeypatch) -> None:
+def test_quickstart_fit_logs_resolved_config_round_axis_and_curves(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     argv = ["fit", "-c", "configs/quickstart.yaml", *_SMALL, "--loop.local_epochs", "1", "--loop.progress_bar", "false"]
-    assert main([*argv, "--output_dir", str(tmp_path), "--loop.wandb_project", "X"]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--output_dir", str(tmp_path), "--loop.wandb_project", "X"]) == 0
+    assert "deprecat" not in capsys.readouterr().err.lower()  # the command prints no deprecation warnings
+    assert not [w for w in caught if issubclass(w.category, DeprecationWarning) and "jsonargparse" in w.filename]
     run = offline_run(tmp_path)
     assert run["config"]["model"]["init_args"]["lr"] == 0.002  # from the YAML
     assert run["config"]["loop"]["num_rounds"] == 2  # from the command line
