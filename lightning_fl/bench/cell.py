@@ -23,7 +23,37 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+def _leakage_type() -> type:
+    from lightning_fl.callbacks import GradientLeakage
+
+    class BenchLeakage(GradientLeakage):
+        """:class:`GradientLeakage` that counts views with nothing readable (Paillier ciphertexts) instead of
+        handing the attack an empty view: the attack cannot succeed there, which is the defence's result."""
+
+        unreadable = 0
+
+        def _readable(self, view: Any) -> bool:
+            if view.tensors:
+                return True
+            self.unreadable += 1
+            return False
+
+        def on_local_gradient(self, loop: Any, view: Any, ground_truth: Any) -> None:
+            if self._readable(view):
+                super().on_local_gradient(loop, view, ground_truth)
+
+        def on_client_update(self, loop: Any, view: Any, ground_truth: Any) -> None:
+            if self._readable(view):
+                super().on_client_update(loop, view, ground_truth)
+
+        def on_aggregate_end(self, loop: Any, view: Any, ground_truth: Any) -> None:
+            if self._readable(view):
+                super().on_aggregate_end(loop, view, ground_truth)
+
+    return BenchLeakage
+
+
+def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float, unreadable: int) -> dict[str, Any]:
     attacks = summary["attacks"]
     epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
     result: dict[str, Any] = {
@@ -32,9 +62,12 @@ def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float)
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
         "success_rate": _mean([float((a.get("ssim") or 0.0) >= spec["success_ssim"]) for a in attacks]),
         "attacked": len(attacks),
+        "unreadable": unreadable,
         "cpu_seconds": seconds,
         "status": "ok" if attacks else "not attacked (see warnings.txt)",
     }
+    if unreadable and not attacks:  # every intercepted view was ciphertext: nothing to reconstruct from
+        result.update(success_rate=0.0, status="ok: nothing readable at the leak point")
     return result
 
 
@@ -52,7 +85,6 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     import lightning as L
 
     from lightning_fl.bench.grid import build, load_class
-    from lightning_fl.callbacks import GradientLeakage
     from lightning_fl.datamodules import FederatedDataModule
     from lightning_fl.federation import FederatedLoop
 
@@ -72,7 +104,7 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
         {k: v for k, v in (("seed", seed), ("progress_bar", False)) if k in accepted and k not in init_args}
     )
     attack = attack_type(**init_args)
-    leakage = GradientLeakage(
+    leakage = _leakage_type()(
         attack,
         leak_point=spec["leak_point"],
         rounds=spec["attack_rounds"],
@@ -97,7 +129,7 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
         summary = loop.fit()
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "warnings.txt").write_text("".join(f"{w.message}\n" for w in caught))
-    return _result(spec, summary, time.process_time() - start)
+    return _result(spec, summary, time.process_time() - start, leakage.unreadable)
 
 
 def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
