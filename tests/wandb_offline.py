@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,23 @@ def records(path: str | Path) -> list[Any]:
     return out
 
 
-def offline_run(run_dir: str | Path) -> dict[str, Any]:
+def _finished_records(path: Path, timeout: float) -> list[Any]:
+    """The records once the ``exit`` record is written: wandb-core may still be writing after ``finish()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def offline_run(run_dir: str | Path, *, timeout: float = 30.0) -> dict[str, Any]:
     """The config, the metric definitions and the history rows of the one offline run under ``run_dir``."""
     (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
     config: dict[str, Any] = {}
     metrics: dict[str, str] = {}
     history: list[dict[str, Any]] = []
-    for record in records(path):
+    for record in _finished_records(path, timeout):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})

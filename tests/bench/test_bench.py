@@ -6,11 +6,16 @@ import csv
 import json
 
 import pytest
+import torch
 import yaml
 from PIL import Image
 
+from lightning_fl.attacks import DLGAttack
 from lightning_fl.bench import cells, load_settings, run_bench
+from lightning_fl.bench.cell import _leakage_type
 from lightning_fl.cli import main
+from lightning_fl.messages import ServerView
+from tests.wandb_offline import offline_run
 
 _DLG = {"class_path": "lightning_fl.attacks.DLGAttack", "init_args": {"max_iterations": 60}}
 _MINI = {
@@ -58,8 +63,10 @@ def test_mini_grid_writes_table_pictures_and_resumes(tmp_path) -> None:
     assert len(stored) == 4 and (tmp_path / "runs" / "none__dlg__local_gradient__s0" / "curves.png").exists()
 
     lines.clear()
-    run_bench(_MINI, tmp_path, print_=lines.append)  # resumed: nothing re-runs
+    run_bench(_MINI, tmp_path, print_=lines.append, wandb_project="bench")  # resumed: nothing re-runs
     assert "4 already done, 0 to run" in lines[0]
+    (row,) = offline_run(tmp_path)["history"]
+    assert row["bench/nrows"] == 4 and row["scatter/_type"] == row["heatmap/_type"] == "image-file"
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").glob("*.json")} == stored
 
     changed = {**_MINI, "attacks": {**_MINI["attacks"], "dlg": {**_DLG, "init_args": {"max_iterations": 61}}}}
@@ -84,6 +91,13 @@ def test_bench_rejects_a_bad_config_before_writing(tmp_path) -> None:
     assert main(["bench", "-c", str(bad)]) == 2
     assert main(["bench", "-c", "configs/bench_digits.yaml", "--jobs", "0"]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
+    leakage = _leakage_type()(DLGAttack(max_iterations=1), leak_point="client_update")
+    view = ServerView("client_update", torch.nn.Linear(1, 1), {}, "update", {"client_id": 0})
+    leakage.on_client_update(None, view, None)  # an attack on it would raise: nothing is intercepted
+    assert leakage.unreadable == 1
 
 
 @pytest.mark.slow
