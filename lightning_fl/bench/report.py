@@ -124,6 +124,7 @@ def write_scatter(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     for ax, label in zip(axes, ("attack PSNR (dB) of the strongest attack", "attack SSIM"), strict=True):
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy")
+        ax.set_ylim(0.0, 1.0)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="best")
     fig.suptitle("privacy–utility: each marker one defence, error bars over seeds")
@@ -145,7 +146,9 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="Reds", aspect="auto")
         for a, line in enumerate(grid):
             for d, value in enumerate(line):
-                ax.text(d, a, "n/a" if math.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=8)
+                colour = "white" if value > 0.6 else "black"  # readable on dark cells; NaN compares False
+                text = "n/a" if math.isnan(value) else f"{value:.2f}"
+                ax.text(d, a, text, ha="center", va="center", fontsize=8, color=colour)
         ax.set_xticks(range(len(defences)), defences, rotation=45, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
         ax.set_title(f"attack success at {leak_point}")
