@@ -6,6 +6,7 @@ callbacks at chosen rounds, and drop-in defences, with utility and privacy measu
 
 from lightning_fl.attacks import *  # noqa: F403
 from lightning_fl.attacks import __all__ as _attacks
+from lightning_fl.bench import run_bench
 from lightning_fl.callbacks import *  # noqa: F403
 from lightning_fl.callbacks import __all__ as _callbacks
 from lightning_fl.datamodules import *  # noqa: F403
@@ -13,6 +14,7 @@ from lightning_fl.datamodules import __all__ as _datamodules
 from lightning_fl.defences import *  # noqa: F403
 from lightning_fl.defences import __all__ as _defences
 from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
+from lightning_fl.federation.export import load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
@@ -42,9 +44,12 @@ __all__ = [
     "ServerView",
     "SetupContext",
     "derive_seed",
+    "load_global_model",
     "mark_private",
     "private_state",
     "public_state",
+    "run_bench",
+    "save_global_model",
     *_attacks,
     *_callbacks,
     *_datamodules,

@@ -1,4 +1,6 @@
-"""The ``lightning-fl`` command: ``fit`` (federated training) and ``attack`` (one attack on one batch).
+"""The ``lightning-fl`` command: ``fit`` (federated training), ``attack`` (one attack on one batch), ``bench``
+(every attack against every defence, :mod:`lightning_fl.bench`), ``validate`` / ``test`` (a saved public global
+model, ``global_model.safetensors``, on the validation or test data).
 
 Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
 command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
@@ -26,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
 
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, apply_defences
+from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.validation import (
     check_callback_schedule,
@@ -94,7 +97,39 @@ def _attack_parser() -> ArgumentParser:
     return parser
 
 
-SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {"fit": _fit_parser, "attack": _attack_parser}
+def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
+    def build() -> ArgumentParser:
+        parser = _fit_parser()
+        where = "the test set" if stage == "test" else "the clients' validation splits, pooled"
+        parser.description = f"{stage.capitalize()} a saved public global model ({GLOBAL_MODEL_FILE}) on {where}."
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help=f"Default: <output_dir>/{GLOBAL_MODEL_FILE}."
+        )
+        return parser
+
+    return build
+
+
+def _bench_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        description="Every attack against every defence on the same loop: a grid of short federated runs.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
+    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
+    parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
+    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
+    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
+    return parser
+
+
+SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
+    "fit": _fit_parser,
+    "attack": _attack_parser,
+    "bench": _bench_parser,
+    "validate": _evaluate_parser("validate"),
+    "test": _evaluate_parser("test"),
+}
 
 
 def build_parser() -> ArgumentParser:
@@ -127,6 +162,11 @@ def _check_fit(cfg: Namespace, init: Namespace) -> None:
     check_callback_schedule(callbacks, num_rounds=cfg.loop.num_rounds, num_clients=init.data.num_clients)
 
 
+def _resolved_config(cfg: Namespace) -> dict[str, Any]:
+    """The resolved config as plain data (``wandb.config``): what ``--print_config`` prints."""
+    return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
+
+
 def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
     """Build and check everything of a fit run; the returned call trains and is the first to write."""
     output_dir = Path(cfg.output_dir)
@@ -142,6 +182,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
+    loop.recorder.config = _resolved_config(cfg)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
@@ -150,6 +191,8 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         output_dir.mkdir(parents=True, exist_ok=True)
         parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
         summary = loop.fit(resume=cfg.resume)
+        rounds = str(summary["rounds_completed"])
+        save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
         print(f"summary: {output_dir / 'summary.json'}")
         return summary
@@ -192,9 +235,64 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     return attack
 
 
+def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Callable[[], list[dict[str, float]]]]:
+    """``validate``/``test``: the fit config's model and data, with the saved public global state loaded."""
+
+    def prepare(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, float]]]:
+        from torch.utils.data import ConcatDataset, DataLoader
+
+        from lightning_fl.federation.trainers import build_trainer, trainer_options
+
+        init = _instantiate(parser, cfg)
+        apply_defences(init.model, init.defences)  # the defended model's public keys are what fit exported
+        load_global_model(init.model, cfg.ckpt_path or Path(cfg.output_dir) / GLOBAL_MODEL_FILE)
+        data = init.data
+        if stage == "test":
+            loader = data.test_dataloader()
+        else:
+            pooled = ConcatDataset([data.client_val_set(k) for k in range(data.num_clients)])
+            if len(pooled) == 0:
+                raise ValueError("validate needs validation data: set data.val_fraction > 0 (or use `test`).")
+            loader = DataLoader(pooled, batch_size=data.eval_batch_size)
+        trainer = build_trainer(trainer_options(cfg.loop.trainer), validate=stage == "validate")
+
+        def evaluate() -> list[dict[str, float]]:
+            run = trainer.test if stage == "test" else trainer.validate
+            results = run(init.model, dataloaders=loader, verbose=False)
+            for key, value in results[0].items():
+                print(f"{key}: {value:.4f}")
+            return results
+
+        return evaluate
+
+    return prepare
+
+
+def _prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:
+    """Read and check a bench config; the returned call runs the grid and is the first to write."""
+    from lightning_fl.bench import cells, load_settings, run_bench
+
+    if cfg.jobs < 1:
+        raise ValueError(f"--jobs={cfg.jobs} must be >= 1.")
+    settings = load_settings(cfg.config, quick=cfg.quick)
+    output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
+    check_output_dir(output_dir)
+    for cell in cells(settings)[:1]:
+        cell.spec(settings)  # a defence or attack name missing from its section fails here, before any run
+    command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + f" --jobs {cfg.jobs}"
+
+    def bench() -> list[dict[str, Any]]:
+        return run_bench(settings, output_dir, jobs=cfg.jobs, command=command, wandb_project=cfg.wandb_project)
+
+    return bench
+
+
 RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
     "fit": _prepare_fit,
     "attack": _prepare_attack,
+    "bench": _prepare_bench,
+    "validate": _prepare_evaluate("validate"),
+    "test": _prepare_evaluate("test"),
 }
 """Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
 

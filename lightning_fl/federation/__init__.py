@@ -29,6 +29,10 @@ _LAZY = {
     "FederationView": "lightning_fl.federation.view",
     "check_model": "lightning_fl.federation.model_contract",
     "split_batch": "lightning_fl.federation.model_contract",
+    "RoundWandbLogger": "lightning_fl.federation.wandb_logger",
+    "plot_curves": "lightning_fl.federation.plots",
+    "load_global_model": "lightning_fl.federation.export",
+    "save_global_model": "lightning_fl.federation.export",
 }
 
 __all__ = [
@@ -43,12 +47,16 @@ __all__ = [
     "LeakPoints",
     "LocalGradientSource",
     "RoundContext",
+    "RoundWandbLogger",
     "RunLock",
     "RunRecorder",
     "SetupContext",
     "check_model",
     "derive_seed",
     "federation_fingerprint",
+    "load_global_model",
+    "plot_curves",
+    "save_global_model",
     "split_batch",
 ]
 

@@ -1,4 +1,5 @@
-"""Run recording: the per-round history, attack results, loggers (W&B, the user's), the CSVs and ``summary.json``.
+"""Run recording: the per-round history, attack results, loggers (W&B, the user's), the CSVs, ``summary.json`` and
+``curves.png``.
 
 The files are durable round by round: ``logs/metrics.csv`` (one row per round) and ``logs/attacks.csv`` (one row
 per attack result) get each new row appended and flushed when the round ends, and ``summary.json`` is replaced
@@ -96,6 +97,7 @@ class RunRecorder:
         loggers: extra Lightning loggers, stepped by round.
         wandb_project: if set, also log to Weights & Biases under this project.
         wandb_mode: ``offline``, ``online`` or ``disabled``.
+        config: the resolved run config, logged as ``wandb.config`` (the CLI sets it; library users may too).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class RunRecorder:
         loggers: Sequence[Logger] = (),
         wandb_project: str | None = None,
         wandb_mode: Literal["offline", "online", "disabled"] = "offline",
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.wandb_project, self.wandb_mode = wandb_project, wandb_mode
@@ -116,6 +119,7 @@ class RunRecorder:
         self.stop_reason: str | None = None
         self.metrics_csv = TidyCsv(self.output_dir / "logs" / "metrics.csv", first=("round",))
         self.attacks_csv = TidyCsv(self.output_dir / "logs" / "attacks.csv", first=("round", "client", "attack"))
+        self.config: dict[str, Any] = dict(config or {})
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's history entry."""
@@ -130,10 +134,10 @@ class RunRecorder:
         every logger holds the whole curve."""
         self.loggers = []
         if self.wandb_project is not None:
-            from lightning.pytorch.loggers import WandbLogger
+            from lightning_fl.federation.wandb_logger import RoundWandbLogger
 
             self.loggers.append(
-                WandbLogger(project=self.wandb_project, save_dir=str(self.output_dir), mode=self.wandb_mode)
+                RoundWandbLogger(self.wandb_project, str(self.output_dir), mode=self.wandb_mode, config=self.config)
             )
         self.loggers.extend(self._extra_loggers)
         for entry in self.history:
@@ -182,7 +186,18 @@ class RunRecorder:
         return path
 
     def finalize(self) -> None:
-        """Close the loggers."""
+        """Draw ``curves.png``, hand it and the attack table to the loggers that take images, close the loggers."""
+        from lightning_fl.federation.plots import plot_curves
+
+        curves = plot_curves(self.history, self.output_dir / "curves.png")
+        last_round = self.history[-1]["round"] if self.history else None
+        columns = ["round", "client", "attack", "leak_point", "psnr", "ssim", "lpips", "label_accuracy"]
+        rows = [[a.get(c) for c in columns] for a in self.attacks]
+        for logger in self.loggers:
+            if curves is not None and hasattr(logger, "log_image"):
+                logger.log_image(key="curves", images=[str(curves)], step=last_round)
+            if rows and hasattr(logger, "log_table"):
+                logger.log_table(key="attack_table", columns=columns, data=rows, step=last_round)
         for logger in self.loggers:
             logger.finalize("success")
 
