@@ -9,9 +9,11 @@ exactly as the uninterrupted one. See docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +27,7 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
-from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext, SetupContext
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
@@ -33,6 +35,7 @@ from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.trainers import quiet_lightning, trainer_options
 from lightning_fl.federation.updates import Downlink, check_aggregate, check_update, decode_aggregate
 from lightning_fl.federation.view import FederationView
+from lightning_fl.federation.workers import WorkerPool, check_workers
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
@@ -76,6 +79,9 @@ class FederatedLoop:
         checkpoint: write a checkpoint after every round (needed for ``resume``).
         seed: master seed; every random stream derives from it.
         progress_bar: show a rich progress bar over rounds.
+        workers: train each round's clients in this many local worker processes (CPU), each holding one model
+            and reusing it across clients; 1 trains them in this process. The history equals ``workers=1``
+            for the same seed (see :mod:`lightning_fl.federation.workers`).
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -112,6 +118,7 @@ class FederatedLoop:
         checkpoint: bool = True,
         seed: int = 0,
         progress_bar: bool = True,
+        workers: int = 1,
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         options = trainer_options(trainer)
@@ -138,6 +145,8 @@ class FederatedLoop:
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
+        check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks)
+        self.workers, self.pool = workers, None
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
@@ -174,28 +183,50 @@ class FederatedLoop:
         """Stop after the current round (used by the privacy-budget callback)."""
         self.recorder.stop_reason = reason
 
-    def _run_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
         for cb in self.callbacks:
             cb.on_client_fit_start(self.view, client_id)
         ctx = self.runner.context(round_ctx, client_id)
-        received = self.downlink.send(ctx)
+        return ctx, self.downlink.send(ctx)
+
+    def _finish_client(
+        self, ctx: ClientContext, received: dict[str, Tensor], train: Callable[[], ClientUpdate]
+    ) -> ClientUpdate | None:
+        client_id = ctx.client_id
         try:
-            callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=client_id)
-            update = self.runner.fit(ctx, received, callbacks=callbacks)
+            update = train()
             for cb in self.callbacks:
                 cb.on_client_fit_end(self.view, update)
             for transform in self.client_transforms:
                 update = transform(update, ctx=ctx)
         except Exception as err:  # a failing client must never stop or corrupt the federation
-            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=2)
+            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=3)
             log.exception("client %s failed", client_id)
             return None
-        reason = check_update(update, {k: round_ctx.global_state[k] for k in self.spec.update_keys})
+        reason = check_update(update, {k: ctx.global_state[k] for k in self.spec.update_keys})
         if reason is not None:
-            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=2)
+            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=3)
             return None
         self.leaks.client_update(update, received)
         return update
+
+    def _run_clients(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
+        """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
+        if self.pool is None:
+            updates = []
+            for k in selected:
+                ctx, received = self._start_client(round_ctx, k)
+                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=k)
+                train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
+                updates.append(self._finish_client(ctx, received, train))
+            return [u for u in updates if u is not None]
+        started = [self._start_client(round_ctx, k) for k in selected]
+        results = self.pool.run([(ctx.client_id, self.round_idx, received) for ctx, received in started])
+        updates = [
+            self._finish_client(ctx, received, functools.partial(self.pool.collect, results[ctx.client_id]))
+            for ctx, received in started
+        ]
+        return [u for u in updates if u is not None]
 
     def run_round(self) -> dict[str, Any]:
         """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
@@ -210,7 +241,7 @@ class FederatedLoop:
         )
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)
-        updates = [u for u in (self._run_client(ctx, k) for k in selected) if u is not None]
+        updates = self._run_clients(ctx, selected)
         if len(updates) < self.min_clients:
             raise RuntimeError(
                 f"round {self.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
@@ -251,6 +282,24 @@ class FederatedLoop:
         transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
         return [self.selector, self.aggregator, *transforms]
 
+    @contextlib.contextmanager
+    def _worker_pool(self) -> Iterator[None]:
+        """Start ``workers`` processes for the rounds of one :meth:`fit` (none for ``workers=1``)."""
+        if self.workers == 1:
+            yield
+            return
+        if self.leaks.listeners("on_local_gradient"):
+            raise ValueError(
+                f"loop.workers={self.workers} cannot tap local gradients (a callback listens at the type-2 leak "
+                "point) in worker processes; use loop.workers=1 for gradient-leakage attacks on local steps."
+            )
+        self.pool = WorkerPool(self.runner, self.workers)
+        try:
+            yield
+        finally:
+            self.pool.close()
+            self.pool = None
+
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last checkpointed round.
 
@@ -269,7 +318,7 @@ class FederatedLoop:
             component.setup(setup)
         for cb in self.callbacks:
             cb.on_fit_start(self.view)
-        with quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
+        with self._worker_pool(), quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()

@@ -1,0 +1,60 @@
+"""``loop.workers``: clients trained in worker processes give the history of ``workers=1``, bit for bit."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_fl import FederatedLoop
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.defences import KeyLocks
+from lightning_fl.private import public_state
+from tests.conftest import make_classifier
+
+
+def _run(tmp_path, workers: int) -> FederatedLoop:
+    dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=0.5, image_size=16, seed=0)
+    torch.manual_seed(0)
+    loop = FederatedLoop(
+        make_classifier(dm),
+        dm,
+        num_rounds=2,
+        clients_per_round=3,
+        local_steps=3,
+        defences=[KeyLocks(key_length=16)],
+        output_dir=tmp_path / f"w{workers}",
+        checkpoint=False,
+        progress_bar=False,
+        workers=workers,
+    )
+    loop.fit()
+    return loop
+
+
+def test_two_workers_give_the_same_history_state_and_client_secrets_as_one(tmp_path) -> None:
+    torch.set_num_threads(1)  # the same number of threads in every process: bit-identical arithmetic
+    one, two = _run(tmp_path, 1), _run(tmp_path, 2)
+    assert two.history == one.history  # losses and accuracies, exactly
+    for key, value in public_state(one.global_model).items():
+        assert torch.equal(public_state(two.global_model)[key], value), key
+    trained = [c for c in one.clients if c.initialised]
+    assert trained and [c.client_id for c in trained] == [c.client_id for c in two.clients if c.initialised]
+    for mine, theirs in zip(trained, (two.clients[c.client_id] for c in trained), strict=True):
+        assert mine.private.keys() == theirs.private.keys()
+        assert all(torch.equal(mine.private[k], theirs.private[k]) for k in mine.private)
+    assert two.pool is None  # the workers are gone after fit
+
+
+@pytest.mark.parametrize(
+    ("workers", "options", "field"),
+    [
+        (0, {}, "loop.workers=0"),
+        (2, {"trainer": {"accelerator": "gpu"}}, "loop.trainer"),
+        (2, {"client_callbacks": [L.Callback()]}, "client Trainer callbacks"),
+    ],
+)
+def test_settings_workers_cannot_run_fail_before_training(tmp_path, workers, options, field) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    with pytest.raises(ValueError, match=field):
+        FederatedLoop(make_classifier(dm), dm, workers=workers, output_dir=tmp_path, **options)
