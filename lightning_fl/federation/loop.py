@@ -28,6 +28,7 @@ from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
 from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.distributed import RankPool, Ranks, launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
@@ -122,6 +123,9 @@ class FederatedLoop:
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         options = trainer_options(trainer)
+        self.ranks, self.process_options = ranks_requested(options), options
+        if self.ranks > 1:
+            options = single_device_options(options)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
         datamodule.setup()  # load and partition now, so data errors surface before any training
         build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
@@ -146,6 +150,11 @@ class FederatedLoop:
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
         check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks)
+        if self.ranks > 1 and (workers > 1 or self.client_callbacks):
+            raise ValueError(
+                f"loop.trainer asks for {self.ranks} processes (DDP); it cannot be combined with loop.workers > 1 or "
+                "client Trainer callbacks yet; drop one of them."
+            )
         self.workers, self.pool = workers, None
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
@@ -283,17 +292,17 @@ class FederatedLoop:
         return [self.selector, self.aggregator, *transforms]
 
     @contextlib.contextmanager
-    def _worker_pool(self) -> Iterator[None]:
-        """Start ``workers`` processes for the rounds of one :meth:`fit` (none for ``workers=1``)."""
-        if self.workers == 1:
+    def _worker_pool(self, ranks: Ranks | None) -> Iterator[None]:
+        """Start ``workers`` processes, or use the DDP ranks, for the rounds of one :meth:`fit` (none by default)."""
+        if self.workers == 1 and ranks is None:
             yield
             return
         if self.leaks.listeners("on_local_gradient"):
             raise ValueError(
-                f"loop.workers={self.workers} cannot tap local gradients (a callback listens at the type-2 leak "
-                "point) in worker processes; use loop.workers=1 for gradient-leakage attacks on local steps."
+                "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
+                "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
             )
-        self.pool = WorkerPool(self.runner, self.workers)
+        self.pool = RankPool(self.runner, ranks) if ranks is not None else WorkerPool(self.runner, self.workers)
         try:
             yield
         finally:
@@ -303,11 +312,20 @@ class FederatedLoop:
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last checkpointed round.
 
+        Under DDP (``loop.trainer: {strategy: ddp, devices: N}``) this launches the N processes (see
+        :mod:`lightning_fl.federation.distributed`); only rank 0 returns the summary, the other ranks return ``{}``.
+
         Returns:
             the summary (also written to ``output_dir/summary.json``).
         """
         from rich.progress import Progress
 
+        ranks = launch(self.process_options) if self.ranks > 1 else None
+        if ranks is not None and ranks.device_type != "cpu":  # each rank trains on its own device
+            self.runner.trainer_options = {**self.runner.trainer_options, "devices": [ranks.local_rank]}
+        if ranks is not None and ranks.rank > 0:
+            serve(self.runner, ranks)  # trains the clients rank 0 sends; writes nothing
+            return {}
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.checkpoint.restore_run(self):
             log.info("resumed after round %d", self.round_idx - 1)
@@ -318,7 +336,7 @@ class FederatedLoop:
             component.setup(setup)
         for cb in self.callbacks:
             cb.on_fit_start(self.view)
-        with self._worker_pool(), quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
+        with self._worker_pool(ranks), quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()

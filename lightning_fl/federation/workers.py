@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from lightning_fl.federation.client_runner import ClientRunner
 
-__all__ = ["ClientJob", "ClientResult", "WorkerPool", "check_workers"]
+__all__ = ["ClientJob", "ClientResult", "WorkerPool", "check_workers", "collect", "fit_job", "job"]
 
 
 def pack(state: dict[str, Tensor]) -> bytes:
@@ -104,16 +104,17 @@ def check_workers(workers: int, *, trainer_options: dict[str, Any], client_callb
 def _serve(runner: ClientRunner, jobs: Any, results: Any, threads: int) -> None:
     """A worker's life: take jobs until ``None``, train each client on the one reused runner, send results."""
     torch.set_num_threads(threads)
-    while (job := jobs.get()) is not None:
-        results.put(_fit(runner, job))
+    while (task := jobs.get()) is not None:
+        results.put(fit_job(runner, task))
 
 
-def _fit(runner: ClientRunner, job: ClientJob) -> ClientResult:
-    k = job.client_id
-    runner.states[k] = ClientState(k, private=unpack(job.private), initialised=job.initialised)
+def fit_job(runner: ClientRunner, task: ClientJob) -> ClientResult:
+    """Train one job on ``runner`` (in a worker process or a DDP rank); an error comes back as its traceback."""
+    k = task.client_id
+    runner.states[k] = ClientState(k, private=unpack(task.private), initialised=task.initialised)
     try:
-        ctx = runner.context(RoundContext(runner.spec, job.round_idx), k)
-        update = runner.fit(ctx, unpack(job.received))
+        ctx = runner.context(RoundContext(runner.spec, task.round_idx), k)
+        update = runner.fit(ctx, unpack(task.received))
         private = runner.states[k].private
         slim = ClientUpdate(k, update.round_idx, {}, update.num_samples, update.loss, update.metadata)
         return ClientResult(k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(private))
@@ -121,6 +122,29 @@ def _fit(runner: ClientRunner, job: ClientJob) -> ClientResult:
         return ClientResult(k, error=traceback.format_exc(limit=-3).strip())
     finally:
         runner.states[k] = ClientState(k)  # the worker keeps no client's secrets between fits
+
+
+def collect(runner: ClientRunner, result: ClientResult) -> ClientUpdate:
+    """Hand a result's private state to the client store, load the trained client into the runner's worker model
+    (what a client transform sees as ``ctx.model``) and return the raw update.
+
+    Raises:
+        RuntimeError: with the remote traceback when the fit failed there.
+    """
+    if result.error is not None:
+        raise RuntimeError(f"in worker process: {result.error}")
+    state = runner.states[result.client_id]
+    state.private = unpack(result.private)
+    state.initialised = bool(state.private)
+    runner.load_trained(unpack(result.trained), state.private)
+    u = result.update
+    return ClientUpdate(u.client_id, u.round_idx, unpack(result.delta), u.num_samples, u.loss, u.metadata)
+
+
+def job(runner: ClientRunner, client_id: int, round_idx: int, received: dict[str, Tensor]) -> ClientJob:
+    """The :class:`ClientJob` of one fit: what the client received and its own state from the client store."""
+    state = runner.states[client_id]
+    return ClientJob(client_id, round_idx, pack(received), pack(state.private), state.initialised)
 
 
 class WorkerPool:
@@ -145,10 +169,9 @@ class WorkerPool:
 
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, ClientResult]:
         """Train ``(client_id, round_idx, received)`` fits, largest client first; results by client id."""
-        store = self.runner.states
         order = sorted(fits, key=lambda f: (-self.runner.datamodule.num_train_samples(f[0]), f[0]))
         for k, round_idx, received in order:
-            self.jobs.put(ClientJob(k, round_idx, pack(received), pack(store[k].private), store[k].initialised))
+            self.jobs.put(job(self.runner, k, round_idx, received))
         done: dict[int, ClientResult] = {}
         while len(done) < len(fits):
             try:
@@ -164,20 +187,8 @@ class WorkerPool:
         return done
 
     def collect(self, result: ClientResult) -> ClientUpdate:
-        """Hand a result's private state to the client store, load the trained client into the runner's worker
-        model (what a client transform sees as ``ctx.model``) and return the raw update.
-
-        Raises:
-            RuntimeError: with the worker's traceback when the fit failed there.
-        """
-        if result.error is not None:
-            raise RuntimeError(f"in worker process: {result.error}")
-        state = self.runner.states[result.client_id]
-        state.private = unpack(result.private)
-        state.initialised = bool(state.private)
-        self.runner.load_trained(unpack(result.trained), state.private)
-        u = result.update
-        return ClientUpdate(u.client_id, u.round_idx, unpack(result.delta), u.num_samples, u.loss, u.metadata)
+        """The raw update of ``result`` (see :func:`collect`)."""
+        return collect(self.runner, result)
 
     def close(self) -> None:
         """Stop the workers (each finishes its current job first)."""

@@ -1,0 +1,90 @@
+"""How FederatedLoop scales: the same federation with ``workers`` 1, 2, ... local worker processes.
+
+Section ``workers`` (issue #12 (b)): a cross-device workload, ResNet-20 on ``digits`` (32x32), 100 clients
+(Dirichlet 0.5), 10 a round, 2 local epochs of Adam, batch 32, global test evaluation every round; the same
+seed for every worker count. Prints per setting the whole-run wall time, the CPU time of this process plus its
+(joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
+load average before the run, because wall time on a shared machine depends on it.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3
+
+Not here yet (issue #12 (a), (c), (d)): the Flower comparison, DDP ranks and peak memory at 1,000 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+
+import torch
+
+from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_workers(workers: int, *, rounds: int, clients: int, per_round: int, backbone: str) -> dict:
+    dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
+    torch.manual_seed(0)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    with tempfile.TemporaryDirectory() as out:
+        loop = FederatedLoop(
+            model,
+            dm,
+            num_rounds=rounds,
+            clients_per_round=per_round,
+            local_epochs=2,
+            output_dir=out,
+            checkpoint=False,
+            progress_bar=False,
+            workers=workers,
+        )
+        load = os.getloadavg()[0]
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        summary = loop.fit()
+        wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    return {
+        "workers": workers,
+        "wall": wall,
+        "cpu": cpu,
+        "acc": summary["test_accuracy"],
+        "load": load,
+        "h": loop.history,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("section", choices=["workers"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--backbone", default="resnet20")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = [
+        run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        for w in args.workers
+    ]
+    base = rows[0]
+    print(
+        "| workers | wall s | wall / workers=1 | CPU s (all processes) | accuracy | history == workers=1 | load before |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        same = r["h"] == base["h"]
+        print(
+            f"| {r['workers']} | {r['wall']:.1f} | {r['wall'] / base['wall']:.2f} | {r['cpu']:.1f} | {r['acc']:.4f} "
+            f"| {same} | {r['load']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
