@@ -65,4 +65,4 @@ def test_one_device_needs_no_processes_and_auto_devices_must_be_explicit() -> No
 
 
 def test_clients_go_largest_first_to_the_least_loaded_rank() -> None:
-    assert _assign({0: 10, 1: 50, 2: 30, 3: 25}, 2) == [[1], [2, 3, 0]]
+    assert _assign({0: 10, 1: 50, 2: 30, 3: 25}, 2) == [[1, 0], [2, 3]]
