@@ -8,7 +8,12 @@ load average before the run, because wall time on a shared machine depends on it
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3
 
-Not here yet (issue #12 (a), (c), (d)): the Flower comparison, DDP ranks and peak memory at 1,000 clients.
+Section ``memory`` (issue #12 (d)): peak resident memory when every one of 1,000 clients has trained once with
+key-lock secrets (``KeyLocks``), held in the loop's client store:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg
+
+Not here yet (issue #12 (a), (c)): the Flower comparison and DDP ranks (the DDP test compares 2 ranks with 1).
 """
 
 from __future__ import annotations
@@ -59,9 +64,41 @@ def run_workers(workers: int, *, rounds: int, clients: int, per_round: int, back
     }
 
 
+def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
+    """Peak resident memory of a run in which every one of ``clients`` clients trains once with key-lock secrets."""
+    from lightning_fl.defences import KeyLocks
+
+    dm = FederatedDataModule("digits", num_clients=clients, partition="iid", seed=0)
+    torch.manual_seed(0)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    with tempfile.TemporaryDirectory() as out:
+        loop = FederatedLoop(
+            model,
+            dm,
+            num_rounds=-(-clients // per_round),
+            clients_per_round=per_round,
+            local_steps=1,
+            defences=[KeyLocks()],
+            eval_every=0,
+            output_dir=out,
+            checkpoint=False,
+            progress_bar=False,
+        )
+        loop.selector.select = lambda *, round_idx, num_clients, k, generator: list(  # every client once
+            range(round_idx * k, min(num_clients, (round_idx + 1) * k))
+        )
+        wall = time.perf_counter()
+        loop.fit()
+        wall = time.perf_counter() - wall
+    holding = sum(c.initialised for c in loop.clients)
+    private = sum(v.numel() * v.element_size() for c in loop.clients for v in c.private.values())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"| {clients} | {holding} | {private / 2**20:.1f} | {peak:.0f} | {wall:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["workers"])
+    parser.add_argument("section", choices=["workers", "memory"])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=100)
@@ -69,13 +106,20 @@ def main() -> None:
     parser.add_argument("--backbone", default="resnet20")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.section == "memory":
+        print(
+            "| clients | holding key-lock secrets | private state MiB | peak RSS MiB | wall s |\n|---|---|---|---|---|"
+        )
+        run_memory(clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        return
     rows = [
         run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
         for w in args.workers
     ]
     base = rows[0]
     print(
-        "| workers | wall s | wall / workers=1 | CPU s (all processes) | accuracy | history == workers=1 | load before |"
+        "| workers | wall s | wall / workers=1 | CPU s (all processes) | accuracy | history == workers=1 "
+        "| load before |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
