@@ -58,3 +58,32 @@ def test_settings_workers_cannot_run_fail_before_training(tmp_path, workers, opt
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
     with pytest.raises(ValueError, match=field):
         FederatedLoop(make_classifier(dm), dm, workers=workers, output_dir=tmp_path, **options)
+
+
+def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) -> None:
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
+    loop = FederatedLoop(
+        make_classifier(dm),
+        dm,
+        num_rounds=1,
+        clients_per_round=3,
+        local_steps=1,
+        eval_every=0,
+        defences=[KeyLocks(key_length=16)],
+        output_dir=tmp_path,
+        checkpoint=False,
+        progress_bar=False,
+        workers=2,
+    )
+    fit = loop.runner.fit
+
+    def fails_for_client_1(ctx, received, **kwargs):
+        if ctx.client_id == 1:
+            raise RuntimeError("client 1 lost power")
+        return fit(ctx, received, **kwargs)
+
+    loop.runner.fit = fails_for_client_1  # the forked workers inherit it
+    with pytest.warns(UserWarning, match="client 1 failed and is dropped.*client 1 lost power"):
+        loop.fit()
+    assert loop.history[0]["clients"] == [0, 2]
+    assert [c.initialised for c in loop.clients] == [True, False, True]
