@@ -13,7 +13,11 @@ key-lock secrets (``KeyLocks``), held in the loop's client store:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg
 
-Not here yet (issue #12 (a), (c)): the Flower comparison and DDP ranks (the DDP test compares 2 ranks with 1).
+Section ``ddp`` (issue #12 (c)): the quickstart config through the CLI in one process and in 2 DDP processes (gloo):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py ddp --rounds 10
+
+Not here yet (issue #12 (a)): the Flower comparison.
 """
 
 from __future__ import annotations
@@ -96,9 +100,31 @@ def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
     print(f"| {clients} | {holding} | {private / 2**20:.1f} | {peak:.0f} | {wall:.0f} |")
 
 
+def run_ddp(*, rounds: int) -> None:
+    """The quickstart through the CLI in 1 and 2 DDP processes (gloo): whole-process wall time, accuracy per round."""
+    import json
+    import subprocess
+    import sys
+
+    print("| processes | whole-process wall s | test accuracy per round | load before |\n|---|---|---|---|")
+    for devices in (1, 2):
+        with tempfile.TemporaryDirectory() as out:
+            trainer = (
+                f"{{accelerator: cpu, strategy: ddp, devices: {devices}}}" if devices > 1 else "{accelerator: cpu}"
+            )
+            command = [sys.executable, "-m", "lightning_fl.cli", "fit", "--config", "configs/quickstart.yaml"]
+            command += ["--loop.num_rounds", str(rounds), "--loop.progress_bar", "false", "--output_dir", out]
+            load, wall = os.getloadavg()[0], time.perf_counter()
+            subprocess.run([*command, "--loop.trainer", trainer], check=True, capture_output=True)
+            wall = time.perf_counter() - wall
+            with open(f"{out}/summary.json") as f:
+                accuracies = [round(h["test_accuracy"], 4) for h in json.load(f)["history"]]
+        print(f"| {devices} | {wall:.1f} | {accuracies} | {load:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["workers", "memory"])
+    parser.add_argument("section", choices=["workers", "memory", "ddp"])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=100)
@@ -106,6 +132,9 @@ def main() -> None:
     parser.add_argument("--backbone", default="resnet20")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.section == "ddp":
+        run_ddp(rounds=args.rounds)
+        return
     if args.section == "memory":
         print(
             "| clients | holding key-lock secrets | private state MiB | peak RSS MiB | wall s |\n|---|---|---|---|---|"
