@@ -6,7 +6,7 @@ seed for every worker count. Prints per setting the whole-run wall time, the CPU
 (joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
 load average before the run, because wall time on a shared machine depends on it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 [--ray]
 
 Section ``memory`` (issue #12 (d)): peak resident memory when every one of 1,000 clients has trained once with
 key-lock secrets (``KeyLocks``), held in the loop's client store:
@@ -38,7 +38,9 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_workers(workers: int, *, rounds: int, clients: int, per_round: int, backbone: str) -> dict:
+def run_workers(
+    workers: int, *, rounds: int, clients: int, per_round: int, backbone: str, backend: str = "processes"
+) -> dict:
     dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
     torch.manual_seed(0)
     model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
@@ -53,13 +55,14 @@ def run_workers(workers: int, *, rounds: int, clients: int, per_round: int, back
             checkpoint=False,
             progress_bar=False,
             workers=workers,
+            backend=backend,
         )
         load = os.getloadavg()[0]
         wall, cpu = time.perf_counter(), _cpu_seconds()
         summary = loop.fit()
         wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
     return {
-        "workers": workers,
+        "workers": f"{workers} ({backend})",
         "wall": wall,
         "cpu": cpu,
         "acc": summary["test_accuracy"],
@@ -130,6 +133,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
+    parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.section == "ddp":
@@ -145,6 +149,9 @@ def main() -> None:
         run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
         for w in args.workers
     ]
+    if args.ray:
+        options = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round}
+        rows.append(run_workers(max(args.workers), **options, backbone=args.backbone, backend="ray"))
     base = rows[0]
     print(
         "| workers | wall s | wall / workers=1 | CPU s (all processes) | accuracy | history == workers=1 "

@@ -83,6 +83,7 @@ class FederatedLoop:
         workers: train each round's clients in this many local worker processes (CPU), each holding one model
             and reusing it across clients; 1 trains them in this process. The history equals ``workers=1``
             for the same seed (see :mod:`lightning_fl.federation.workers`).
+        backend: where ``workers`` run: local ``processes``, or ``ray`` actors (needs the ``ray`` extra).
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -120,6 +121,7 @@ class FederatedLoop:
         seed: int = 0,
         progress_bar: bool = True,
         workers: int = 1,
+        backend: Literal["processes", "ray"] = "processes",
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         options = trainer_options(trainer)
@@ -149,13 +151,15 @@ class FederatedLoop:
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
-        check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks)
-        if self.ranks > 1 and (workers > 1 or self.client_callbacks):
+        check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks, remote=backend == "ray")
+        if self.ranks > 1 and (workers > 1 or backend == "ray" or self.client_callbacks):
             raise ValueError(
-                f"loop.trainer asks for {self.ranks} processes (DDP); it cannot be combined with loop.workers > 1 or "
-                "client Trainer callbacks yet; drop one of them."
+                f"loop.trainer asks for {self.ranks} processes (DDP); it cannot be combined with loop.workers > 1, "
+                "loop.backend='ray' or client Trainer callbacks yet; drop one of them."
             )
-        self.workers, self.pool = workers, None
+        if backend not in ("processes", "ray"):
+            raise ValueError(f"loop.backend={backend!r} is unknown; use 'processes' or 'ray'.")
+        self.workers, self.backend, self.pool = workers, backend, None
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
@@ -294,7 +298,7 @@ class FederatedLoop:
     @contextlib.contextmanager
     def _worker_pool(self, ranks: Ranks | None) -> Iterator[None]:
         """Start ``workers`` processes, or use the DDP ranks, for the rounds of one :meth:`fit` (none by default)."""
-        if self.workers == 1 and ranks is None:
+        if self.workers == 1 and self.backend == "processes" and ranks is None:
             yield
             return
         if self.leaks.listeners("on_local_gradient"):
@@ -302,7 +306,14 @@ class FederatedLoop:
                 "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
                 "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
             )
-        self.pool = RankPool(self.runner, ranks) if ranks is not None else WorkerPool(self.runner, self.workers)
+        if ranks is not None:
+            self.pool = RankPool(self.runner, ranks)
+        elif self.backend == "ray":
+            from lightning_fl.federation.ray_backend import RayPool
+
+            self.pool = RayPool(self.runner, self.workers)
+        else:
+            self.pool = WorkerPool(self.runner, self.workers)
         try:
             yield
         finally:

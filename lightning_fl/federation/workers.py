@@ -82,11 +82,14 @@ class ClientResult:
     error: str | None = None
 
 
-def check_workers(workers: int, *, trainer_options: dict[str, Any], client_callbacks: Sequence[L.Callback]) -> None:
-    """Raise a one-line ``ValueError`` when ``loop.workers`` cannot run with these settings (before training)."""
+def check_workers(
+    workers: int, *, trainer_options: dict[str, Any], client_callbacks: Sequence[L.Callback], remote: bool = False
+) -> None:
+    """Raise a one-line ``ValueError`` when ``loop.workers`` cannot run with these settings (before training);
+    ``remote`` says clients train outside this process even for one worker (a Ray actor)."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"loop.workers={workers!r} must be an int >= 1 (1 trains clients in this process).")
-    if workers == 1:
+    if workers == 1 and not remote:
         return
     if trainer_options.get("accelerator", "cpu") != "cpu" or trainer_options.get("devices", 1) not in (1, "1"):
         raise ValueError(

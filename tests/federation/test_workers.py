@@ -13,7 +13,7 @@ from lightning_fl.private import public_state
 from tests.conftest import make_classifier
 
 
-def _run(tmp_path, workers: int) -> FederatedLoop:
+def _run(tmp_path, workers: int, backend: str = "processes") -> FederatedLoop:
     dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=0.5, image_size=16, seed=0)
     torch.manual_seed(0)
     loop = FederatedLoop(
@@ -23,18 +23,22 @@ def _run(tmp_path, workers: int) -> FederatedLoop:
         clients_per_round=3,
         local_steps=3,
         defences=[KeyLocks(key_length=16)],
-        output_dir=tmp_path / f"w{workers}",
+        output_dir=tmp_path / f"{backend}{workers}",
         checkpoint=False,
         progress_bar=False,
         workers=workers,
+        backend=backend,
     )
     loop.fit()
     return loop
 
 
-def test_two_workers_give_the_same_history_state_and_client_secrets_as_one(tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["processes", pytest.param("ray", marks=pytest.mark.slow)])
+def test_two_workers_give_the_same_history_state_and_client_secrets_as_one(tmp_path, backend) -> None:
+    if backend == "ray":
+        pytest.importorskip("ray", reason="the ray extra is not installed")
     torch.set_num_threads(1)  # the same number of threads in every process: bit-identical arithmetic
-    one, two = _run(tmp_path, 1), _run(tmp_path, 2)
+    one, two = _run(tmp_path, 1), _run(tmp_path, 2, backend)
     assert two.history == one.history  # losses and accuracies, exactly
     for key, value in public_state(one.global_model).items():
         assert torch.equal(public_state(two.global_model)[key], value), key
@@ -50,6 +54,7 @@ def test_two_workers_give_the_same_history_state_and_client_secrets_as_one(tmp_p
     ("workers", "options", "field"),
     [
         (0, {}, "loop.workers=0"),
+        (2, {"backend": "dask"}, "loop.backend='dask'"),
         (2, {"trainer": {"accelerator": "gpu"}}, "loop.trainer"),
         (2, {"client_callbacks": [L.Callback()]}, "client Trainer callbacks"),
     ],
