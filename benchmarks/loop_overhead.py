@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl.federation import client_runner, derive_seed
 from lightning_fl.federation.client_runner import seed_all as _seed_all
 
 BACKBONE = "lenet_dlg"
@@ -43,7 +44,7 @@ def run_lightning(
         checkpoint=False,
     )
     parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0}
-    make, fit_client, evaluate = loop._make_trainer, loop.fit_client, loop.evaluate
+    make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop.evaluate
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -55,13 +56,16 @@ def run_lightning(
 
         return wrapper
 
-    loop._make_trainer, loop.fit_client, loop.evaluate = (
+    client_runner.build_trainer, loop.runner.fit, loop.evaluate = (
         timed("trainer_init", make),
         timed("fit", fit_client),
         timed("evaluate", evaluate),
     )
     start = time.perf_counter(), time.process_time()
-    summary = loop.fit()
+    try:
+        summary = loop.fit()
+    finally:
+        client_runner.build_trainer = make
     total = time.process_time() - start[1], time.perf_counter() - start[0]
     parts["fit"] -= parts["trainer_init"]
     return total, summary["test_accuracy"], parts
@@ -77,7 +81,7 @@ def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -
         deltas, weights = [], []
         for client in schedule[round_idx]:
             local.load_state_dict(global_state)
-            seed = FederatedLoop.round_seed.__get__(_RoundSeed(round_idx))("fit", client)
+            seed = derive_seed(0, round_idx, "fit", client)
             _seed_all(seed)
             optimizer = torch.optim.Adam(local.parameters(), lr=2e-3)
             local.train()
@@ -105,11 +109,6 @@ def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -
     return (time.process_time() - start[1], time.perf_counter() - start[0]), accuracy
 
 
-class _RoundSeed:
-    def __init__(self, round_idx: int) -> None:
-        self.seed, self.round_idx = 0, round_idx
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -126,7 +125,8 @@ def main() -> None:
     schedule = []
     for r in range(args.rounds):
         probe.round_idx = r
-        schedule.append(probe.select_clients())
+        generator = probe.round_context().rng("select")
+        schedule.append(probe.selector.select(round_idx=r, num_clients=10, k=5, generator=generator))
     ours, plain, parts_all = [], [], []
     for i in range(args.repeats):
         t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}")

@@ -191,6 +191,8 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         output_dir.mkdir(parents=True, exist_ok=True)
         parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
         summary = loop.fit(resume=cfg.resume)
+        if not summary:  # a DDP rank other than 0: rank 0 reports
+            return summary
         rounds = str(summary["rounds_completed"])
         save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")

@@ -61,7 +61,7 @@ class ClientRunner:
         trainer_options: dict[str, Any],
         train_loss_key: str = "train_loss",
     ) -> None:
-        self.global_model, self.datamodule, self.trainer_options = model, datamodule, trainer_options
+        self.global_model, self.datamodule, self.trainer_options, self.spec = model, datamodule, trainer_options, spec
         self.local_epochs, self.local_steps, self.seed = spec.local_epochs, spec.local_steps, spec.seed
         self.train_loss_key = train_loss_key
         self.states = [ClientState(k) for k in range(datamodule.num_clients)]
@@ -101,6 +101,11 @@ class ClientRunner:
             reset_private_state(
                 worker, generator=torch.Generator().manual_seed(derive_seed(self.seed, "private", ctx.client_id))
             )
+
+    def load_trained(self, public: dict[str, Tensor], private: dict[str, Tensor]) -> None:
+        """Load a client trained elsewhere (a worker process) into the worker, as if it had trained here."""
+        load_state_into(self.worker, public)
+        load_state_into(self.worker, private)
 
     def fit(
         self, ctx: ClientContext, received: dict[str, Tensor], *, callbacks: Sequence[L.Callback] = ()

@@ -9,10 +9,12 @@ exactly as the uninterrupted one. See docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +28,8 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_runner import ClientRunner
-from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.distributed import RankPool, Ranks, launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
@@ -43,6 +46,7 @@ from lightning_fl.federation.updates import (
     encode_update,
 )
 from lightning_fl.federation.view import FederationView
+from lightning_fl.federation.workers import WorkerPool, check_workers
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
@@ -92,6 +96,10 @@ class FederatedLoop:
         checkpoint: write a checkpoint after every round (needed for ``resume``).
         seed: master seed; every random stream derives from it.
         progress_bar: show a rich progress bar over rounds.
+        workers: train each round's clients in this many local worker processes (CPU), each holding one model
+            and reusing it across clients; 1 trains them in this process. The history equals ``workers=1``
+            for the same seed (see :mod:`lightning_fl.federation.workers`).
+        backend: where ``workers`` run: local ``processes``, or ``ray`` actors (needs the ``ray`` extra).
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -130,6 +138,8 @@ class FederatedLoop:
         checkpoint: bool = True,
         seed: int = 0,
         progress_bar: bool = True,
+        workers: int = 1,
+        backend: Literal["processes", "ray"] = "processes",
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         if max_update_norm_ratio is not None and not max_update_norm_ratio > 1:
@@ -137,6 +147,9 @@ class FederatedLoop:
         if max_update_norm is not None and not max_update_norm > 0:
             raise ValueError(f"loop.max_update_norm={max_update_norm} must be > 0 (or null to disable).")
         options = trainer_options(trainer)
+        self.ranks, self.process_options = ranks_requested(options), options
+        if self.ranks > 1:
+            options = single_device_options(options)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
         datamodule.setup()  # load and partition now, so data errors surface before any training
         build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
@@ -163,6 +176,15 @@ class FederatedLoop:
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
+        check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks, remote=backend == "ray")
+        if self.ranks > 1 and (workers > 1 or backend == "ray" or self.client_callbacks):
+            raise ValueError(
+                f"loop.trainer asks for {self.ranks} processes (DDP); it cannot be combined with loop.workers > 1, "
+                "loop.backend='ray' or client Trainer callbacks yet; drop one of them."
+            )
+        if backend not in ("processes", "ray"):
+            raise ValueError(f"loop.backend={backend!r} is unknown; use 'processes' or 'ray'.")
+        self.workers, self.backend, self.pool = workers, backend, None
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
@@ -201,27 +223,49 @@ class FederatedLoop:
         """Stop after the current round (used by the privacy-budget callback)."""
         self.recorder.stop_reason = reason
 
-    def _run_client(self, round_ctx: RoundContext, client_id: int) -> ClientUpdate | None:
+    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
         for cb in self.callbacks:
             cb.on_client_fit_start(self.view, client_id)
         ctx = self.runner.context(round_ctx, client_id)
-        received = self.downlink.send(ctx)
+        return ctx, self.downlink.send(ctx)
+
+    def _finish_client(
+        self, ctx: ClientContext, received: dict[str, Tensor], train: Callable[[], ClientUpdate]
+    ) -> ClientUpdate | None:
+        client_id = ctx.client_id
         try:
-            callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=client_id)
-            update = self.runner.fit(ctx, received, callbacks=callbacks)
+            update = train()
             for cb in self.callbacks:
                 cb.on_client_fit_end(self.view, update)
             update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except Exception as err:  # a failing client must never stop or corrupt the federation
-            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=2)
+            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=3)
             log.exception("client %s failed", client_id)
             return None
-        reason = refused or check_update(update, {k: round_ctx.global_state[k] for k in self.spec.update_keys})
+        reason = refused or check_update(update, {k: ctx.global_state[k] for k in self.spec.update_keys})
         if reason is not None:
-            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=2)
+            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=3)
             return None
         self.leaks.client_update(update, received)
         return update
+
+    def _run_clients(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
+        """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
+        if self.pool is None:
+            updates = []
+            for k in selected:
+                ctx, received = self._start_client(round_ctx, k)
+                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=k)
+                train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
+                updates.append(self._finish_client(ctx, received, train))
+            return [u for u in updates if u is not None]
+        started = [self._start_client(round_ctx, k) for k in selected]
+        results = self.pool.run([(ctx.client_id, self.round_idx, received) for ctx, received in started])
+        updates = [
+            self._finish_client(ctx, received, functools.partial(self.pool.collect, results[ctx.client_id]))
+            for ctx, received in started
+        ]
+        return [u for u in updates if u is not None]
 
     def run_round(self) -> dict[str, Any]:
         """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
@@ -237,9 +281,11 @@ class FederatedLoop:
         self._touched = list(selected)  # whose client-side state may have changed: committed with the round
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)
-        updates = [u for u in (self._run_client(ctx, k) for k in selected) if u is not None]
         updates = drop_norm_outliers(
-            updates, max_ratio=self.max_update_norm_ratio, max_norm=self.max_update_norm, round_idx=self.round_idx
+            self._run_clients(ctx, selected),
+            max_ratio=self.max_update_norm_ratio,
+            max_norm=self.max_update_norm,
+            round_idx=self.round_idx,
         )
         if len(updates) < self.min_clients:
             raise RuntimeError(
@@ -312,26 +358,60 @@ class FederatedLoop:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume
 
+    @contextlib.contextmanager
+    def _worker_pool(self, ranks: Ranks | None) -> Iterator[None]:
+        """Start ``workers`` processes, or use the DDP ranks, for the rounds of one :meth:`fit` (none by default)."""
+        if self.workers == 1 and self.backend == "processes" and ranks is None:
+            yield
+            return
+        if self.leaks.listeners("on_local_gradient"):
+            raise ValueError(
+                "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
+                "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
+            )
+        if ranks is not None:
+            self.pool = RankPool(self.runner, ranks)
+        elif self.backend == "ray":
+            from lightning_fl.federation.ray_backend import RayPool
+
+            self.pool = RayPool(self.runner, self.workers)
+        else:
+            self.pool = WorkerPool(self.runner, self.workers)
+        try:
+            yield
+        finally:
+            self.pool.close()
+            self.pool = None
+
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last committed round.
 
         Each finished round is committed (checkpoint manifest) and appended to ``logs/metrics.csv`` and
         ``summary.json``; ``output_dir`` is locked against a second run while this one writes.
 
+        Under DDP (``loop.trainer: {strategy: ddp, devices: N}``) this launches the N processes (see
+        :mod:`lightning_fl.federation.distributed`); only rank 0 returns the summary, the other ranks return ``{}``.
+
         Returns:
             the summary (also written to ``output_dir/summary.json``).
         """
         self.prepare(resume=resume)
+        ranks = launch(self.process_options) if self.ranks > 1 else None
+        if ranks is not None and ranks.device_type != "cpu":  # each rank trains on its own device
+            self.runner.trainer_options = {**self.runner.trainer_options, "devices": [ranks.local_rank]}
+        if ranks is not None and ranks.rank > 0:
+            serve(self.runner, ranks)  # trains the clients rank 0 sends; writes nothing
+            return {}
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.lock.acquire()
+        self.lock.acquire()  # after the launch: the other ranks' prepare() checked the lock before it
         try:
             if resume:
                 self.checkpoint.remove_uncommitted()
-            return self._run_rounds()
+            return self._run_rounds(ranks)
         finally:
             self.lock.release()
 
-    def _run_rounds(self) -> dict[str, Any]:
+    def _run_rounds(self, ranks: Ranks | None) -> dict[str, Any]:
         from rich.progress import Progress
 
         self.recorder.stop_reason = None
@@ -340,7 +420,7 @@ class FederatedLoop:
             self.checkpoint.save_run(self, touched=range(self.num_clients))
         for cb in self.callbacks:
             cb.on_fit_start(self.view)
-        with quiet_lightning(), Progress(disable=not self.progress_bar, transient=False) as progress:
+        with self._worker_pool(ranks), quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
             while self.round_idx < self.num_rounds:
                 entry = self.run_round()

@@ -1,0 +1,170 @@
+"""How FederatedLoop scales: the same federation with ``workers`` 1, 2, ... local worker processes.
+
+Section ``workers`` (issue #12 (b)): a cross-device workload, ResNet-20 on ``digits`` (32x32), 100 clients
+(Dirichlet 0.5), 10 a round, 2 local epochs of Adam, batch 32, global test evaluation every round; the same
+seed for every worker count. Prints per setting the whole-run wall time, the CPU time of this process plus its
+(joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
+load average before the run, because wall time on a shared machine depends on it.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 [--ray]
+
+Section ``memory`` (issue #12 (d)): peak resident memory when every one of 1,000 clients has trained once with
+key-lock secrets (``KeyLocks``), held in the loop's client store:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg
+
+Section ``ddp`` (issue #12 (c)): the quickstart config through the CLI in one process and in 2 DDP processes (gloo):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py ddp --rounds 10
+
+Not here yet (issue #12 (a)): the Flower comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+
+import torch
+
+from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_workers(
+    workers: int, *, rounds: int, clients: int, per_round: int, backbone: str, backend: str = "processes"
+) -> dict:
+    dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
+    torch.manual_seed(0)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    with tempfile.TemporaryDirectory() as out:
+        loop = FederatedLoop(
+            model,
+            dm,
+            num_rounds=rounds,
+            clients_per_round=per_round,
+            local_epochs=2,
+            output_dir=out,
+            checkpoint=False,
+            progress_bar=False,
+            workers=workers,
+            backend=backend,
+        )
+        load = os.getloadavg()[0]
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        summary = loop.fit()
+        wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    return {
+        "workers": f"{workers} ({backend})",
+        "wall": wall,
+        "cpu": cpu,
+        "acc": summary["test_accuracy"],
+        "load": load,
+        "h": loop.history,
+    }
+
+
+def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
+    """Peak resident memory of a run in which every one of ``clients`` clients trains once with key-lock secrets."""
+    from lightning_fl.defences import KeyLocks
+
+    dm = FederatedDataModule("digits", num_clients=clients, partition="iid", seed=0)
+    torch.manual_seed(0)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    with tempfile.TemporaryDirectory() as out:
+        loop = FederatedLoop(
+            model,
+            dm,
+            num_rounds=-(-clients // per_round),
+            clients_per_round=per_round,
+            local_steps=1,
+            defences=[KeyLocks()],
+            eval_every=0,
+            output_dir=out,
+            checkpoint=False,
+            progress_bar=False,
+        )
+        loop.selector.select = lambda *, round_idx, num_clients, k, generator: list(  # every client once
+            range(round_idx * k, min(num_clients, (round_idx + 1) * k))
+        )
+        wall = time.perf_counter()
+        loop.fit()
+        wall = time.perf_counter() - wall
+    holding = sum(c.initialised for c in loop.clients)
+    private = sum(v.numel() * v.element_size() for c in loop.clients for v in c.private.values())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"| {clients} | {holding} | {private / 2**20:.1f} | {peak:.0f} | {wall:.0f} |")
+
+
+def run_ddp(*, rounds: int) -> None:
+    """The quickstart through the CLI in 1 and 2 DDP processes (gloo): whole-process wall time, accuracy per round."""
+    import json
+    import subprocess
+    import sys
+
+    print("| processes | whole-process wall s | test accuracy per round | load before |\n|---|---|---|---|")
+    for devices in (1, 2):
+        with tempfile.TemporaryDirectory() as out:
+            trainer = (
+                f"{{accelerator: cpu, strategy: ddp, devices: {devices}}}" if devices > 1 else "{accelerator: cpu}"
+            )
+            command = [sys.executable, "-m", "lightning_fl.cli", "fit", "--config", "configs/quickstart.yaml"]
+            command += ["--loop.num_rounds", str(rounds), "--loop.progress_bar", "false", "--output_dir", out]
+            load, wall = os.getloadavg()[0], time.perf_counter()
+            subprocess.run([*command, "--loop.trainer", trainer], check=True, capture_output=True)
+            wall = time.perf_counter() - wall
+            with open(f"{out}/summary.json") as f:
+                accuracies = [round(h["test_accuracy"], 4) for h in json.load(f)["history"]]
+        print(f"| {devices} | {wall:.1f} | {accuracies} | {load:.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("section", choices=["workers", "memory", "ddp"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--backbone", default="resnet20")
+    parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.section == "ddp":
+        run_ddp(rounds=args.rounds)
+        return
+    if args.section == "memory":
+        print(
+            "| clients | holding key-lock secrets | private state MiB | peak RSS MiB | wall s |\n|---|---|---|---|---|"
+        )
+        run_memory(clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        return
+    rows = [
+        run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        for w in args.workers
+    ]
+    if args.ray:
+        options = {"rounds": args.rounds, "clients": args.clients, "per_round": args.per_round}
+        rows.append(run_workers(max(args.workers), **options, backbone=args.backbone, backend="ray"))
+    base = rows[0]
+    print(
+        "| workers | wall s | wall / workers=1 | CPU s (all processes) | accuracy | history == workers=1 "
+        "| load before |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        same = r["h"] == base["h"]
+        print(
+            f"| {r['workers']} | {r['wall']:.1f} | {r['wall'] / base['wall']:.2f} | {r['cpu']:.1f} | {r['acc']:.4f} "
+            f"| {same} | {r['load']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""``loop.workers``: clients trained in worker processes give the history of ``workers=1``, bit for bit."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_fl import FederatedLoop
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.defences import KeyLocks
+from lightning_fl.private import public_state
+from tests.conftest import make_classifier
+
+
+def _run(tmp_path, workers: int, backend: str = "processes") -> FederatedLoop:
+    dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=0.5, image_size=16, seed=0)
+    torch.manual_seed(0)
+    loop = FederatedLoop(
+        make_classifier(dm),
+        dm,
+        num_rounds=2,
+        clients_per_round=3,
+        local_steps=3,
+        defences=[KeyLocks(key_length=16)],
+        output_dir=tmp_path / f"{backend}{workers}",
+        checkpoint=False,
+        progress_bar=False,
+        workers=workers,
+        backend=backend,
+    )
+    loop.fit()
+    return loop
+
+
+@pytest.mark.parametrize("backend", ["processes", pytest.param("ray", marks=pytest.mark.slow)])
+def test_two_workers_give_the_same_history_state_and_client_secrets_as_one(tmp_path, backend) -> None:
+    if backend == "ray":
+        pytest.importorskip("ray", reason="the ray extra is not installed")
+    torch.set_num_threads(1)  # the same number of threads in every process: bit-identical arithmetic
+    one, two = _run(tmp_path, 1), _run(tmp_path, 2, backend)
+    assert two.history == one.history  # losses and accuracies, exactly
+    for key, value in public_state(one.global_model).items():
+        assert torch.equal(public_state(two.global_model)[key], value), key
+    trained = [c for c in one.clients if c.initialised]
+    assert trained and [c.client_id for c in trained] == [c.client_id for c in two.clients if c.initialised]
+    for mine, theirs in zip(trained, (two.clients[c.client_id] for c in trained), strict=True):
+        assert mine.private.keys() == theirs.private.keys()
+        assert all(torch.equal(mine.private[k], theirs.private[k]) for k in mine.private)
+    assert two.pool is None  # the workers are gone after fit
+
+
+@pytest.mark.parametrize(
+    ("workers", "options", "field"),
+    [
+        (0, {}, "loop.workers=0"),
+        (2, {"backend": "dask"}, "loop.backend='dask'"),
+        (2, {"trainer": {"accelerator": "gpu"}}, "loop.trainer"),
+        (2, {"client_callbacks": [L.Callback()]}, "client Trainer callbacks"),
+    ],
+)
+def test_settings_workers_cannot_run_fail_before_training(tmp_path, workers, options, field) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    with pytest.raises(ValueError, match=field):
+        FederatedLoop(make_classifier(dm), dm, workers=workers, output_dir=tmp_path, **options)
+
+
+def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) -> None:
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
+    loop = FederatedLoop(
+        make_classifier(dm),
+        dm,
+        num_rounds=1,
+        clients_per_round=3,
+        local_steps=1,
+        eval_every=0,
+        defences=[KeyLocks(key_length=16)],
+        output_dir=tmp_path,
+        checkpoint=False,
+        progress_bar=False,
+        workers=2,
+    )
+    fit = loop.runner.fit
+
+    def fails_for_client_1(ctx, received, **kwargs):
+        if ctx.client_id == 1:
+            raise RuntimeError("client 1 lost power")
+        return fit(ctx, received, **kwargs)
+
+    loop.runner.fit = fails_for_client_1  # the forked workers inherit it
+    with pytest.warns(UserWarning, match="client 1 failed and is dropped.*client 1 lost power"):
+        loop.fit()
+    assert loop.history[0]["clients"] == [0, 2]
+    assert [c.initialised for c in loop.clients] == [True, False, True]
