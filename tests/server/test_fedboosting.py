@@ -15,10 +15,12 @@ from lightning_fl.federation.evaluation import ClientEvaluation
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.fedboosting import (
     FedBoosting,
+    accuracy_weights,
     eq_4_2_weights,
     fusion_weights,
     integer_weights,
     reference_weights,
+    validation_only_weights,
 )
 from tests.defences.he_helpers import assert_holds_no_private_key, digits, he_transform, run_loop
 
@@ -43,6 +45,48 @@ def test_the_two_weightings_disagree_on_which_model_is_better() -> None:
     # model 0 has lower training and validation loss: the code rewards it, Eq. 4.2 taken literally penalises it
     assert reference_weights(train_losses=T, cross_val_losses=V).argmax() == 0
     assert eq_4_2_weights(train_losses=T, cross_val_losses=V).argmax() == 1
+
+
+def test_accuracy_weights_match_the_authors_acc_mode_by_hand() -> None:
+    # a_i = mean_j A_ij * A_i / sum_k A_k: a = (0.6 * 2/3, 0.9 * 1/3) = (0.4, 0.3) -> (4/7, 3/7)
+    weights = accuracy_weights(
+        train_scores=torch.tensor([1.0, 0.5]), cross_val_scores=torch.tensor([[0.5, 0.7], [0.9, 0.9]])
+    )
+    assert weights.tolist() == pytest.approx([4 / 7, 3 / 7], abs=1e-6)
+
+
+def test_validation_only_weights_drop_the_training_factor() -> None:
+    # a_i = 1/mean_j V_ij = (1/1.5, 1/3.5) -> (0.7, 0.3), whatever the training losses
+    for train in (T, T.flip(0)):
+        assert validation_only_weights(train_losses=train, cross_val_losses=V).tolist() == pytest.approx([0.7, 0.3])
+
+
+def test_inverse_losses_collapse_where_accuracies_stay_bounded() -> None:
+    """Label skew: the client with the easiest local task has a tiny training loss and ~100% training accuracy.
+
+    Numbers of round 10, seed 0 of benchmarks/fedboosting_vs_fedavg.py in spirit: the other clients' models
+    have 10-40x its training loss, so 1/T hands it most of the update; with accuracies all four are near 1.
+    """
+    train_loss, cross_val_loss = torch.tensor([0.01, 0.2, 0.3, 0.4]), torch.full((4, 4), 0.5)
+    train_acc, cross_val_acc = torch.tensor([1.0, 0.97, 0.95, 0.93]), torch.full((4, 4), 0.8)
+    assert reference_weights(train_losses=train_loss, cross_val_losses=cross_val_loss).max() > 0.85
+    assert accuracy_weights(train_scores=train_acc, cross_val_scores=cross_val_acc).max() < 0.27
+
+
+@pytest.mark.parametrize(
+    ("weights", "train", "cross_val", "match"),
+    [
+        (accuracy_weights, torch.tensor([1.0, 1.2]), V / 10, r"accuracies in \[0, 1\]"),
+        (accuracy_weights, torch.tensor([0.0, 0.0]), V / 10, "zero accuracy for every client"),
+        (validation_only_weights, T, -V, "must be > 0"),
+    ],
+)
+def test_bounded_weightings_reject_bad_scores(weights, train: Tensor, cross_val: Tensor, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        if weights is accuracy_weights:
+            weights(train_scores=train, cross_val_scores=cross_val)
+        else:
+            weights(train_losses=train, cross_val_losses=cross_val)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +150,7 @@ def test_fusion_shares_each_model_as_a_mix_dominated_by_itself(p_hat_min: float 
         ({"pieces": 0}, r"pieces=0\) must be >= 1"),
         ({"fusion_p_hat": 1.5}, r"fusion_p_hat=1.5\) must be in \(0, 1\]"),
         ({"fusion_p_hat_min": 0.5}, "needs fusion_p_hat set"),
+        ({"weighting": "accuracies", "train_loss": "epoch_mean"}, "needs train_loss='after_training'"),
     ],
 )
 def test_fedboosting_rejects_bad_options(kwargs: dict, match: str) -> None:
