@@ -31,7 +31,9 @@ import yaml
 from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier
 from lightning_fl.server import Aggregator, FedBoosting
 
-FIELDS = ("method", "alpha", "seed", "round", "test_accuracy", "max_weight", "cpu_s")
+FIELDS = ("method", "alpha", "seed", "round", "test_accuracy", "cpu_s", "weights", "train_scores", "val_scores")
+"""``weights``, ``train_scores`` and ``val_scores``: FedBoosting's per-client weights and the scores they came from
+(training loss or accuracy; mean cross-validation loss or accuracy), client ids in order, ``;``-separated."""
 
 
 def methods(weightings: list[str]) -> dict[str, Callable[[], Aggregator]]:
@@ -64,8 +66,13 @@ def run(config: dict[str, Any], aggregator: Aggregator, *, alpha: float, seed: i
         cpu = time.process_time() - start
     rows = []
     for round_idx, h in enumerate(history):
-        weights = [v for k, v in h.items() if k.startswith("fedboosting_weight_")]
-        rows.append({"round": round_idx, "test_accuracy": h["test_accuracy"], "max_weight": max(weights, default="")})
+        row = {"round": round_idx, "test_accuracy": h["test_accuracy"]}
+        for column, prefix in (("weights", "weight"), ("train_scores", "train_score"), ("val_scores", "val_score")):
+            values = sorted(
+                (int(k.rsplit("_", 1)[1]), v) for k, v in h.items() if k.startswith(f"fedboosting_{prefix}_")
+            )
+            row[column] = ";".join(f"{v:.4g}" for _, v in values)
+        rows.append(row)
     return rows, cpu
 
 
@@ -131,12 +138,14 @@ def main() -> None:
 
 
 def table(csv_path: Path) -> str:
-    """Markdown table of every run in the CSV: final and best-round accuracy per method and alpha."""
+    """Markdown table of every run in the CSV, per alpha and method: final accuracy (mean and per seed), mean
+    accuracy over rounds 10 and later, FedBoosting's largest client weight averaged over those rounds, CPU s."""
     with csv_path.open() as f:
         rows = list(csv.DictReader(f))
     lines = [
-        "| alpha | method | final test acc., mean (per seed) | mean of rounds 10+ | CPU s/run |",
-        "|---|---|---|---|---|",
+        "| alpha | method | final test acc., mean (per seed) | mean acc., rounds 10+ | largest weight, rounds 10+ "
+        "| CPU s/run |",
+        "|---|---|---|---|---|---|",
     ]
     for alpha in sorted({float(r["alpha"]) for r in rows}):
         for method in dict.fromkeys(r["method"] for r in rows):
@@ -147,12 +156,15 @@ def table(csv_path: Path) -> str:
             if not runs:
                 continue
             finals = [float(max(rs, key=lambda r: int(r["round"]))["test_accuracy"]) for rs in runs.values()]
-            late = [float(r["test_accuracy"]) for rs in runs.values() for r in rs if int(r["round"]) >= 10]
+            late = [r for rs in runs.values() for r in rs if int(r["round"]) >= 10]
+            late_acc = statistics.mean(float(r["test_accuracy"]) for r in late) if late else float("nan")
+            weights = [max(map(float, r["weights"].split(";"))) for r in late if r.get("weights")]
+            largest = f"{statistics.mean(weights):.2f}" if weights else "-"
             cpu = statistics.mean(float(rs[0]["cpu_s"]) for rs in runs.values())
             per_seed = " / ".join(f"{a:.3f}" for a in finals)
             lines.append(
-                f"| {alpha} | {method} | {statistics.mean(finals):.3f} ({per_seed}) | "
-                f"{statistics.mean(late) if late else float('nan'):.3f} | {cpu:.0f} |"
+                f"| {alpha} | {method} | {statistics.mean(finals):.3f} ({per_seed}) | {late_acc:.3f} | {largest} "
+                f"| {cpu:.0f} |"
             )
     return "\n".join(lines)
 

@@ -205,3 +205,20 @@ def test_fedboosting_is_not_worse_than_fedavg_on_non_iid_digits(tmp_path) -> Non
     weights = list(boosted.aggregator.last_weights.values())
     assert max(weights) - min(weights) > 0.1  # it does weigh the clients differently from a plain mean
     assert boosted.history[-1]["test_accuracy"] >= fedavg.history[-1]["test_accuracy"]
+
+
+def test_accuracy_weighting_in_a_loop_weighs_by_the_clients_accuracies(tmp_path) -> None:
+    """The loop feeds ``weighting="accuracies"`` the logged ``val_acc``: each recorded training score is a count of
+    correct training images over their number, and the recorded weights are the authors' acc-mode formula."""
+    dm = digits(val_fraction=0.2)
+    options = {"local_steps": None, "local_epochs": 2, "checkpoint": False}
+    loop = run_loop(tmp_path, dm=dm, aggregator=FedBoosting(weighting="accuracies"), **options)
+    h = loop.history[0]
+    train, val, weights = (
+        torch.tensor([h[f"fedboosting_{name}_{k}"] for k in range(3)], dtype=torch.float64)
+        for name in ("train_score", "val_score", "weight")
+    )
+    correct = train * torch.tensor([len(dm.client_train_set(k)) for k in range(3)])
+    assert (correct - correct.round()).abs().max() < 1e-3 and (correct > 0).all() and ((val > 0) & (val <= 1)).all()
+    expected = val * train / train.sum()
+    assert weights.tolist() == pytest.approx((expected / expected.sum()).tolist(), abs=1e-6)
