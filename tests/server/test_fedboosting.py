@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lightning_fl import FedAvg, RoundContext
+from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier, RoundContext
 from lightning_fl.defences.secure_aggregation.protocol import KEY_FIELD
 from lightning_fl.federation.evaluation import ClientEvaluation
 from lightning_fl.messages import ClientUpdate
@@ -203,7 +203,8 @@ def test_encrypted_fedboosting_with_fusion_equals_the_thesis_integer_aggregate(t
 def test_fedboosting_is_not_worse_than_fedavg_on_non_iid_digits(tmp_path) -> None:
     """Faster early convergence (thesis Sec. 4.3): after 4 rounds it leads 0.861 to 0.819 on this split.
 
-    After 15 rounds on a 4-client split FedAvg is ahead; docs/reproduction.md reports and explains why.
+    After 15 rounds on a 4-client split the default weighting falls behind FedAvg (its weights collapse onto one
+    client); ``test_accuracy_weighting_keeps_up_with_fedavg_over_three_seeds`` pins the reading that does not.
     """
     data = {"num_clients": 3, "alpha": 0.3, "image_size": 32, "val_fraction": 0.2}
     options = {"num_rounds": 4, "local_steps": None, "local_epochs": 4, "eval_every": 1, "checkpoint": False}
@@ -229,3 +230,28 @@ def test_accuracy_weighting_in_a_loop_weighs_by_the_clients_accuracies(tmp_path)
     assert (correct - correct.round()).abs().max() < 1e-3 and (correct > 0).all() and ((val > 0) & (val <= 1)).all()
     expected = val * train / train.sum()
     assert weights.tolist() == pytest.approx((expected / expected.sum()).tolist(), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_accuracy_weighting_keeps_up_with_fedavg_over_three_seeds(tmp_path) -> None:
+    """Issue 14's bar, configs/fedboosting_digits.yaml setting (4 clients, Dirichlet 0.3, 15 rounds of 3 local
+    epochs): FedBoosting with the authors' acc-mode weights is within 1 point of FedAvg over seeds 0-2, where the
+    default loss weights end several points below (docs/reproduction.md: 0.910 and 0.843 vs 0.914)."""
+    final: dict[str, list[float]] = {"fedavg": [], "accuracies": [], "inverse_losses": []}
+    for seed in (0, 1, 2):
+        for name, aggregator in (
+            ("fedavg", FedAvg()),
+            ("accuracies", FedBoosting(weighting="accuracies")),
+            ("inverse_losses", FedBoosting()),
+        ):
+            dm = FederatedDataModule("digits", num_clients=4, alpha=0.3, val_fraction=0.2, image_size=32, seed=seed)
+            torch.manual_seed(seed)
+            loop = FederatedLoop(
+                ImageClassifier("lenet_dlg", lr=2e-3, **dm.model_options), dm, num_rounds=15, clients_per_round=4,
+                local_epochs=3, aggregator=aggregator, output_dir=tmp_path / f"{name}{seed}", progress_bar=False,
+                checkpoint=False, seed=seed,
+            )  # fmt: skip
+            final[name].append(loop.fit()["test_accuracy"])
+    mean = {name: sum(v) / len(v) for name, v in final.items()}
+    assert mean["accuracies"] >= mean["fedavg"] - 0.01, final
+    assert mean["inverse_losses"] < mean["fedavg"] - 0.03, final
