@@ -13,6 +13,11 @@ is :math:`G = \sum_i p^i G^i` (Eq. 4.1) with weights from :math:`T` and :math:`V
   with :math:`V_i = \sum_j V^{i,j}`. On losses this gives *more* weight to models with higher training and
   validation loss, against the thesis' own narrative (a poisoned model with worse validation scores gets a
   lower weight; the better Synth90K client gets ~55%); the code inverts the losses. See spec_003.md Sec. 2.1.
+* ``weighting="accuracies"``: the same code with ``FL_STRATEGY_METRICS="acc"``,
+  :math:`a_i = \mathrm{mean}_j A^{i,j} \cdot \frac{A_i}{\sum_k A_k}` on accuracies. Bounded, so on label-skewed
+  clients it does not collapse onto one client as the inverse losses do (docs/reproduction.md).
+* ``weighting="inverse_val_losses"``: :math:`a_i = 1 / \mathrm{mean}_j V^{i,j}`, the "validation results only"
+  ablation of the thesis' Fig. 4.6.
 
 With Paillier (:class:`~lightning_fl.defences.secure_aggregation.protocol.PaillierEncryption` on the clients), the
 weights become integers by splitting into :math:`P` pieces, :math:`G^* = \sum_i \lfloor p^i P \rfloor g^{*i}`
@@ -59,13 +64,15 @@ if TYPE_CHECKING:
 __all__ = [
     "WEIGHTINGS",
     "FedBoosting",
+    "accuracy_weights",
     "eq_4_2_weights",
     "fusion_weights",
     "integer_weights",
     "reference_weights",
+    "validation_only_weights",
 ]
 
-WeightingName = Literal["inverse_losses", "softmax_losses"]
+WeightingName = Literal["inverse_losses", "accuracies", "inverse_val_losses", "softmax_losses"]
 RoundingName = Literal["floor", "round", "largest_remainder"]
 TrainLossSource = Literal["after_training", "epoch_mean"]
 
@@ -131,7 +138,75 @@ def eq_4_2_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tensor:
     return torch.softmax(torch.softmax(train_losses, dim=0) * cross_val_losses.sum(dim=1), dim=0)
 
 
-WEIGHTINGS: dict[str, Callable[..., Tensor]] = {"inverse_losses": reference_weights, "softmax_losses": eq_4_2_weights}
+def accuracy_weights(*, train_scores: Tensor, cross_val_scores: Tensor) -> Tensor:
+    r"""FedBoosting weights of the authors' code with ``FL_STRATEGY_METRICS="acc"``: mean cross-validation
+    accuracy times normalised training accuracy.
+
+    .. math::
+        a_i = \mathrm{mean}_j A^{i,j} \cdot \frac{A_i}{\sum_k A_k}, \qquad p_i = a_i / \sum_k a_k
+
+    Accuracies are bounded in :math:`[0, 1]`, so no client can take more than
+    :math:`1 / (1 + (N-1)\,a_{\min}/a_{\max})` of the update; inverse losses are unbounded and, on label-skewed
+    clients, let the client with the easiest local task take almost all of it (docs/reproduction.md).
+
+    Args:
+        train_scores: :math:`A_i`, each client model's accuracy on its own training data, shape ``(N,)``.
+        cross_val_scores: :math:`A^{i,j}`, model :math:`i` on client :math:`j`'s validation set, shape ``(N, N)``.
+
+    Raises:
+        ValueError: on wrong shapes, non-finite values, or accuracies outside :math:`[0, 1]` or all zero.
+
+    Example:
+        >>> accuracy_weights(train_scores=torch.tensor([1.0, 0.5]),
+        ...                  cross_val_scores=torch.tensor([[0.5, 0.7], [0.9, 0.9]]))
+        tensor([0.5714, 0.4286])
+    """
+    _check_losses(train_scores, cross_val_scores)
+    if (
+        (train_scores < 0).any()
+        or (train_scores > 1).any()
+        or (cross_val_scores < 0).any()
+        or (cross_val_scores > 1).any()
+    ):
+        raise ValueError("weighting='accuracies' needs accuracies in [0, 1]; check FedBoosting(val_accuracy_metric).")
+    scores = cross_val_scores.mean(dim=1) * (train_scores / train_scores.sum().clamp_min(1e-12))
+    if scores.sum() <= 0:
+        raise ValueError("weighting='accuracies' got zero accuracy for every client model; no weight can be formed.")
+    return scores / scores.sum()
+
+
+def validation_only_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tensor:
+    r"""FedBoosting weights from the cross-validation losses alone (thesis Sec. 4.3.2.3, Fig. 4.6 dashed lines:
+    "aggregated only with validation results").
+
+    .. math::
+        a_i = \frac{1}{\mathrm{mean}_j V^{i,j}}, \qquad p_i = a_i / \sum_k a_k
+
+    ``train_losses`` is checked but unused: dropping the training factor is the point of this ablation.
+
+    Example:
+        >>> validation_only_weights(train_losses=torch.tensor([1.0, 2.0]),
+        ...                         cross_val_losses=torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        tensor([0.7000, 0.3000])
+    """
+    _check_losses(train_losses, cross_val_losses)
+    if (cross_val_losses <= 0).any():
+        raise ValueError("weighting='inverse_val_losses' inverts losses, so all must be > 0.")
+    scores = 1.0 / cross_val_losses.mean(dim=1)
+    return scores / scores.sum()
+
+
+def _accuracy_weights(*, train_losses: Tensor, cross_val_losses: Tensor) -> Tensor:
+    return accuracy_weights(train_scores=train_losses, cross_val_scores=cross_val_losses)
+
+
+WEIGHTINGS: dict[str, Callable[..., Tensor]] = {
+    "inverse_losses": reference_weights,
+    "accuracies": _accuracy_weights,
+    "inverse_val_losses": validation_only_weights,
+    "softmax_losses": eq_4_2_weights,
+}
+"""Weighting name -> function of ``(train_losses=, cross_val_losses=)``; ``"accuracies"`` receives accuracies there."""
 
 # floating point puts (1 - 0.9) * 100 / 2 at 4.999...; the thesis' floor means 5
 _FLOOR_TOLERANCE = 1e-9
@@ -196,11 +271,14 @@ class FedBoosting(PaillierAggregator):
     evaluated on every selected client's validation set; the weights come from these losses and the
     training losses (``weighting``); the global update is their weighted sum (Eq. 4.1, or Eq. 4.4 on
     ciphertexts). The weights of the last round are in :attr:`last_weights` and in the history
-    (``fedboosting_weight_<client>``).
+    (``fedboosting_weight_<client>``, with the scores they came from: ``fedboosting_train_score_<client>``, the
+    training loss or accuracy, and ``fedboosting_val_score_<client>``, the mean cross-validation loss or accuracy).
 
     Args:
-        weighting: ``"inverse_losses"`` (the authors' code, default) or ``"softmax_losses"`` (the thesis' Eq. 4.2
-            literally).
+        weighting: ``"inverse_losses"`` (the authors' code with its default ``FL_STRATEGY_METRICS="loss"``;
+            default), ``"accuracies"`` (the authors' code with ``"acc"``: bounded weights, the reading that keeps
+            up with FedAvg on label-skewed clients), ``"inverse_val_losses"`` (cross-validation only, the thesis'
+            Fig. 4.6 ablation) or ``"softmax_losses"`` (the thesis' Eq. 4.2 literally).
         train_loss: ``"after_training"`` evaluates each client's trained model on its training set (thesis
             Algorithm 3, line 19); ``"epoch_mean"`` uses the mean loss of the last local epoch (the code).
         pieces: :math:`P`, the number of pieces the Paillier weights are split into (thesis: 100).
@@ -212,6 +290,7 @@ class FedBoosting(PaillierAggregator):
             :math:`U(\\text{fusion\\_p\\_hat\\_min}, \\text{fusion\\_p\\_hat})` (the thesis' "randomly generates N
             sets of private fusing weights"); it must also exceed :math:`1/N`.
         val_metric: the loss the model logs in ``validation_step``.
+        val_accuracy_metric: the accuracy the model logs in ``validation_step`` (``weighting="accuracies"``).
 
     Raises:
         ValueError: on unknown option names or out-of-range numbers; at setup, on clients without a
@@ -232,12 +311,18 @@ class FedBoosting(PaillierAggregator):
         fusion_p_hat: float | None = None,
         fusion_p_hat_min: float | None = None,
         val_metric: str = "val_loss",
+        val_accuracy_metric: str = "val_acc",
     ) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"FedBoosting(weighting={weighting!r}) is unknown; use one of {sorted(WEIGHTINGS)}.")
         if train_loss not in ("after_training", "epoch_mean"):
             raise ValueError(
                 f"FedBoosting(train_loss={train_loss!r}) is unknown; use 'after_training' or 'epoch_mean'."
+            )
+        if weighting == "accuracies" and train_loss == "epoch_mean":
+            raise ValueError(
+                "FedBoosting(weighting='accuracies') needs train_loss='after_training': clients report no "
+                "training accuracy, so it is measured on each client's training set after local training."
             )
         if rounding not in ("floor", "round", "largest_remainder"):
             raise ValueError(
@@ -253,6 +338,7 @@ class FedBoosting(PaillierAggregator):
             )
         self.weighting, self.train_loss, self.pieces, self.rounding = weighting, train_loss, pieces, rounding
         self.fusion_p_hat, self.fusion_p_hat_min, self.val_metric = fusion_p_hat, fusion_p_hat_min, val_metric
+        self.val_accuracy_metric = val_accuracy_metric
         self.last_weights: dict[int, float] = {}
         self._clients: ClientEvaluation | None = None
         self._seed = 0
@@ -317,6 +403,8 @@ class FedBoosting(PaillierAggregator):
         metrics = {
             "fedboosting_s": time.perf_counter() - start,
             **{f"fedboosting_weight_{k}": w for k, w in self.last_weights.items()},
+            **{f"fedboosting_train_score_{k}": t for k, t in zip(ids, train.tolist(), strict=True)},
+            **{f"fedboosting_val_score_{k}": v for k, v in zip(ids, cross_val.mean(dim=1).tolist(), strict=True)},
         }
         return aggregate, metrics
 
@@ -335,15 +423,17 @@ class FedBoosting(PaillierAggregator):
         ]
 
     def _losses(self, message: Any, *, base_state: dict[str, Tensor], client_ids: list[int], split: str) -> list[float]:
-        """The declared evaluation step: the clients decode ``message`` with their own key and return losses."""
+        """The declared evaluation step: the clients decode ``message`` with their own key and return losses
+        (accuracies with ``weighting="accuracies"``)."""
+        by_accuracy = self.weighting == "accuracies"
         return self._clients.losses(
             message,
             base_state=base_state,
             client_ids=client_ids,
             split=split,
-            metric=self.val_metric,
+            metric=self.val_accuracy_metric if by_accuracy else self.val_metric,
             decode=client_side_decrypt,
-            field="FedBoosting(val_metric)",
+            field="FedBoosting(val_accuracy_metric)" if by_accuracy else "FedBoosting(val_metric)",
         )
 
     def _train_losses(self, updates: Sequence[ClientUpdate], global_state: dict[str, Tensor]) -> list[float]:
