@@ -1,25 +1,22 @@
 """FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
 
-The loop only orchestrates: clients train in the :class:`ClientRunner`, views are built by :class:`LeakPoints`,
-and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow
-contexts (:mod:`lightning_fl.federation.contexts`); FL callbacks receive the loop, as Lightning callbacks receive
-the Trainer. Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues
-exactly as the uninterrupted one. See docs/architecture.md.
+The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientRound` takes each selected
+client from downlink to a checked update (training it in the :class:`ClientRunner` or a worker pool),
+:class:`ServerRound` aggregates the updates into the global model, views are built by :class:`LeakPoints`, and
+:class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow contexts
+(:mod:`lightning_fl.federation.contexts`); FL callbacks receive the loop, as Lightning callbacks receive the Trainer.
+Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues exactly as the
+uninterrupted one. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import math
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
@@ -27,27 +24,22 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
+from lightning_fl.federation.client_round import ClientRound
 from lightning_fl.federation.client_runner import ClientRunner
-from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext, SetupContext
-from lightning_fl.federation.distributed import RankPool, Ranks, launch, ranks_requested, serve, single_device_options
+from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+from lightning_fl.federation.distributed import launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
+from lightning_fl.federation.round_loop import RoundLoop
 from lightning_fl.federation.run_lock import RunLock
-from lightning_fl.federation.trainers import quiet_lightning, trainer_options
-from lightning_fl.federation.updates import (
-    Downlink,
-    check_aggregate,
-    check_update,
-    decode_aggregate,
-    drop_norm_outliers,
-    encode_update,
-)
+from lightning_fl.federation.server_round import ServerRound
+from lightning_fl.federation.trainers import trainer_options
+from lightning_fl.federation.updates import Downlink, norm_bounds
 from lightning_fl.federation.view import FederationView
-from lightning_fl.federation.workers import WorkerPool, check_workers
-from lightning_fl.messages import ClientUpdate
+from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
@@ -142,10 +134,7 @@ class FederatedLoop:
         backend: Literal["processes", "ray"] = "processes",
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
-        if max_update_norm_ratio is not None and not max_update_norm_ratio > 1:
-            raise ValueError(f"loop.max_update_norm_ratio={max_update_norm_ratio} must be > 1 (or null to disable).")
-        if max_update_norm is not None and not max_update_norm > 0:
-            raise ValueError(f"loop.max_update_norm={max_update_norm} must be > 0 (or null to disable).")
+        self.max_update_norm_ratio, self.max_update_norm = norm_bounds(max_update_norm_ratio, max_update_norm)
         options = trainer_options(trainer)
         self.ranks, self.process_options = ranks_requested(options), options
         if self.ranks > 1:
@@ -169,27 +158,21 @@ class FederatedLoop:
         self.callbacks = [*parts.callbacks, *callbacks]
         self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
-        self.max_update_norm_ratio = math.inf if max_update_norm_ratio is None else max_update_norm_ratio
-        self.max_update_norm = math.inf if max_update_norm is None else max_update_norm
         self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
         self.lock = RunLock(self.output_dir)
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
-        check_workers(workers, trainer_options=options, client_callbacks=self.client_callbacks, remote=backend == "ray")
-        if self.ranks > 1 and (workers > 1 or backend == "ray" or self.client_callbacks):
-            raise ValueError(
-                f"loop.trainer asks for {self.ranks} processes (DDP); it cannot be combined with loop.workers > 1, "
-                "loop.backend='ray' or client Trainer callbacks yet; drop one of them."
-            )
-        if backend not in ("processes", "ray"):
-            raise ValueError(f"loop.backend={backend!r} is unknown; use 'processes' or 'ray'.")
+        check_workers(
+            workers, trainer_options=options, client_callbacks=self.client_callbacks, backend=backend, ranks=self.ranks
+        )
         self.workers, self.backend, self.pool = workers, backend, None
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)
+        self.client_round, self.server_round, self.round_loop = ClientRound(self), ServerRound(self), RoundLoop(self)
         self.round_idx = 0
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
         self._touched: list[int] = []
@@ -223,50 +206,6 @@ class FederatedLoop:
         """Stop after the current round (used by the privacy-budget callback)."""
         self.recorder.stop_reason = reason
 
-    def _start_client(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
-        for cb in self.callbacks:
-            cb.on_client_fit_start(self.view, client_id)
-        ctx = self.runner.context(round_ctx, client_id)
-        return ctx, self.downlink.send(ctx)
-
-    def _finish_client(
-        self, ctx: ClientContext, received: dict[str, Tensor], train: Callable[[], ClientUpdate]
-    ) -> ClientUpdate | None:
-        client_id = ctx.client_id
-        try:
-            update = train()
-            for cb in self.callbacks:
-                cb.on_client_fit_end(self.view, update)
-            update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
-        except Exception as err:  # a failing client must never stop or corrupt the federation
-            warnings.warn(f"round {self.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=3)
-            log.exception("client %s failed", client_id)
-            return None
-        reason = refused or check_update(update, {k: ctx.global_state[k] for k in self.spec.update_keys})
-        if reason is not None:
-            warnings.warn(f"round {self.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=3)
-            return None
-        self.leaks.client_update(update, received)
-        return update
-
-    def _run_clients(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
-        """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
-        if self.pool is None:
-            updates = []
-            for k in selected:
-                ctx, received = self._start_client(round_ctx, k)
-                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=self.round_idx, client_id=k)
-                train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish_client(ctx, received, train))
-            return [u for u in updates if u is not None]
-        started = [self._start_client(round_ctx, k) for k in selected]
-        results = self.pool.run([(ctx.client_id, self.round_idx, received) for ctx, received in started])
-        updates = [
-            self._finish_client(ctx, received, functools.partial(self.pool.collect, results[ctx.client_id]))
-            for ctx, received in started
-        ]
-        return [u for u in updates if u is not None]
-
     def run_round(self) -> dict[str, Any]:
         """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
         self.recorder.round_metrics = {}
@@ -281,33 +220,7 @@ class FederatedLoop:
         self._touched = list(selected)  # whose client-side state may have changed: committed with the round
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)
-        updates = drop_norm_outliers(
-            self._run_clients(ctx, selected),
-            max_ratio=self.max_update_norm_ratio,
-            max_norm=self.max_update_norm,
-            round_idx=self.round_idx,
-        )
-        if len(updates) < self.min_clients:
-            raise RuntimeError(
-                f"round {self.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
-                f"but loop.min_clients={self.min_clients}; see the warnings above for why clients were dropped."
-            )
-        updates = [self.downlink.against_global(u) for u in updates]
-        self.selector.observe(updates)
-        aggregate, metrics = self.aggregator.aggregate(updates, ctx=ctx)
-        self.log_metrics(metrics)
-        decoder = self.runner.context(ctx, updates[0].client_id)  # any participating client holds the keys
-        delta = readable = decode_aggregate(aggregate, self.client_transforms, ctx=decoder, source=self.aggregator)
-        if updates[0].payload is not None:  # the server itself reads only the plaintext part of an encoded one
-            readable = {k: v for k, v in delta.items() if all(k in u.delta for u in updates)}
-        for transform in self.server_transforms:
-            delta = transform(delta, ctx=ctx)
-        check_aggregate(delta, round_idx=self.round_idx)
-        global_state = self.global_public_state()
-        self.leaks.aggregate(updates, global_state=global_state, readable=readable)
-        with torch.no_grad():
-            for key, value in delta.items():
-                global_state[key].add_(value.to(global_state[key].dtype))
+        updates = self.server_round.run(ctx, self.client_round.run(ctx, selected))
         entry = self.recorder.new_entry(self.round_idx, updates)
         if self.evaluator.due(self.round_idx, self.num_rounds):
             entry["test_accuracy"] = self.evaluate()
@@ -358,31 +271,6 @@ class FederatedLoop:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume
 
-    @contextlib.contextmanager
-    def _worker_pool(self, ranks: Ranks | None) -> Iterator[None]:
-        """Start ``workers`` processes, or use the DDP ranks, for the rounds of one :meth:`fit` (none by default)."""
-        if self.workers == 1 and self.backend == "processes" and ranks is None:
-            yield
-            return
-        if self.leaks.listeners("on_local_gradient"):
-            raise ValueError(
-                "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
-                "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
-            )
-        if ranks is not None:
-            self.pool = RankPool(self.runner, ranks)
-        elif self.backend == "ray":
-            from lightning_fl.federation.ray_backend import RayPool
-
-            self.pool = RayPool(self.runner, self.workers)
-        else:
-            self.pool = WorkerPool(self.runner, self.workers)
-        try:
-            yield
-        finally:
-            self.pool.close()
-            self.pool = None
-
     def fit(self, *, resume: bool = False) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last committed round.
 
@@ -407,37 +295,6 @@ class FederatedLoop:
         try:
             if resume:
                 self.checkpoint.remove_uncommitted()
-            return self._run_rounds(ranks)
+            return self.round_loop.run(ranks)
         finally:
             self.lock.release()
-
-    def _run_rounds(self, ranks: Ranks | None) -> dict[str, Any]:
-        from rich.progress import Progress
-
-        self.recorder.stop_reason = None
-        self.recorder.start()
-        if self.checkpoint.enabled and self.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
-            self.checkpoint.save_run(self, touched=range(self.num_clients))
-        for cb in self.callbacks:
-            cb.on_fit_start(self.view)
-        with self._worker_pool(ranks), quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
-            task = progress.add_task("rounds", total=self.num_rounds, completed=self.round_idx)
-            while self.round_idx < self.num_rounds:
-                entry = self.run_round()
-                self.recorder.end_round(entry)
-                for cb in self.callbacks:
-                    cb.on_round_end(self.view, self.round_idx, entry)
-                self.round_idx += 1
-                if self.checkpoint.enabled:
-                    self.checkpoint.save_run(self, touched=self._touched)
-                self.recorder.write()
-                acc = entry.get("test_accuracy")
-                progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")
-                if self.recorder.stop_reason:
-                    log.warning("stopping after round %d: %s", self.round_idx - 1, self.recorder.stop_reason)
-                    break
-        for cb in self.callbacks:
-            cb.on_fit_end(self.view)
-        self.recorder.finalize()
-        self.recorder.write()
-        return self.recorder.summary()

@@ -25,6 +25,7 @@ __all__ = [
     "decode_aggregate",
     "drop_norm_outliers",
     "encode_update",
+    "norm_bounds",
     "update_norm",
 ]
 
@@ -56,6 +57,24 @@ def encode_update(
                 return encoded, f"its norm {norm:.3g} before encryption exceeds loop.max_update_norm={max_norm:g}"
         update = encoded
     return update, None
+
+
+def norm_bounds(max_update_norm_ratio: float | None, max_update_norm: float | None) -> tuple[float, float]:
+    """Check ``loop.max_update_norm_ratio`` and ``loop.max_update_norm``; returns them with ``None`` (off) as inf.
+
+    Example:
+        >>> norm_bounds(1e3, None)
+        (1000.0, inf)
+
+    Raises:
+        ValueError: on a ratio not > 1 or a bound not > 0, naming the field.
+    """
+    if max_update_norm_ratio is not None and not max_update_norm_ratio > 1:
+        raise ValueError(f"loop.max_update_norm_ratio={max_update_norm_ratio} must be > 1 (or null to disable).")
+    if max_update_norm is not None and not max_update_norm > 0:
+        raise ValueError(f"loop.max_update_norm={max_update_norm} must be > 0 (or null to disable).")
+    ratio = math.inf if max_update_norm_ratio is None else max_update_norm_ratio
+    return ratio, math.inf if max_update_norm is None else max_update_norm
 
 
 def drop_norm_outliers(

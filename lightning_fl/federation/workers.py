@@ -83,25 +83,37 @@ class ClientResult:
 
 
 def check_workers(
-    workers: int, *, trainer_options: dict[str, Any], client_callbacks: Sequence[L.Callback], remote: bool = False
+    workers: int,
+    *,
+    trainer_options: dict[str, Any],
+    client_callbacks: Sequence[L.Callback],
+    backend: str = "processes",
+    ranks: int = 1,
 ) -> None:
-    """Raise a one-line ``ValueError`` when ``loop.workers`` cannot run with these settings (before training);
-    ``remote`` says clients train outside this process even for one worker (a Ray actor)."""
+    """Raise a one-line ``ValueError`` when ``loop.workers`` and ``loop.backend`` cannot run with these settings,
+    or with ``ranks`` DDP processes (before training); Ray actors train clients outside this process even for one
+    worker."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"loop.workers={workers!r} must be an int >= 1 (1 trains clients in this process).")
-    if workers == 1 and not remote:
-        return
-    if trainer_options.get("accelerator", "cpu") != "cpu" or trainer_options.get("devices", 1) not in (1, "1"):
+    if workers > 1 or backend == "ray":
+        if trainer_options.get("accelerator", "cpu") != "cpu" or trainer_options.get("devices", 1) not in (1, "1"):
+            raise ValueError(
+                f"loop.workers={workers} runs CPU worker processes with one device each; set loop.trainer "
+                "'{accelerator: cpu, devices: 1}' or use loop.workers=1 for accelerators."
+            )
+        if client_callbacks:
+            names = sorted({type(cb).__name__ for cb in client_callbacks})
+            raise ValueError(
+                f"loop.workers={workers} cannot run client Trainer callbacks {names} in worker processes (their "
+                "state lives in this process); use loop.workers=1 with them."
+            )
+    if ranks > 1 and (workers > 1 or backend == "ray" or client_callbacks):
         raise ValueError(
-            f"loop.workers={workers} runs CPU worker processes with one device each; set loop.trainer "
-            "'{accelerator: cpu, devices: 1}' or use loop.workers=1 for accelerators."
+            f"loop.trainer asks for {ranks} processes (DDP); it cannot be combined with loop.workers > 1, "
+            "loop.backend='ray' or client Trainer callbacks yet; drop one of them."
         )
-    if client_callbacks:
-        names = sorted({type(cb).__name__ for cb in client_callbacks})
-        raise ValueError(
-            f"loop.workers={workers} cannot run client Trainer callbacks {names} in worker processes (their state "
-            "lives in this process); use loop.workers=1 with them."
-        )
+    if backend not in ("processes", "ray"):
+        raise ValueError(f"loop.backend={backend!r} is unknown; use 'processes' or 'ray'.")
 
 
 def _serve(runner: ClientRunner, jobs: Any, results: Any, threads: int) -> None:
