@@ -59,7 +59,7 @@ def main() -> None:
     model = ImageClassifier("lenet_dlg", num_classes=10, in_channels=channels, standardize=False)
     view = client_view(model, images, labels, num_classes=10)
     if args.attack == "grnn":
-        settings = {"lr": 1e-4, "momentum": 0.99, "tv_weight": 1e-3, "loss": "reference"}
+        settings = {"lr": 1e-4, "momentum": 0.99, "tv_weight": 1e-3, "loss": "l2_tv_squared"}
         attack = GRNN(iterations=args.grnn_iterations, progress_bar=False, **settings)
     else:
         make = DLGAttack if args.attack == "dlg" else IDLGAttack

@@ -33,7 +33,7 @@ def test_grnn_generator_rejects_image_side_that_is_not_a_power_of_two() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"loss": "wgan"}, r"GRNN\(loss='wgan'\) is unknown; use one of \['reference', 'thesis'\]"),
+        ({"loss": "wgan"}, r"GRNN\(loss='wgan'\) is unknown; use one of \['l2_tv_squared', 'wasserstein_tv_l1'\]"),
         ({"iterations": 0}, r"GRNN\(iterations=0\) must be > 0"),
         ({"tv_weight": -1.0}, r"GRNN\(tv_weight=-1.0\) must be >= 0"),
         ({"batch_size": 0}, r"GRNN\(batch_size=0\) must be >= 1"),
@@ -51,7 +51,7 @@ def test_wasserstein_1d_matches_scipy() -> None:
     assert wasserstein_1d(a, b).item() == pytest.approx(expected, rel=1e-5)
 
 
-@pytest.mark.parametrize("loss", ["thesis", "reference"])
+@pytest.mark.parametrize("loss", ["wasserstein_tv_l1", "l2_tv_squared"])
 def test_grnn_loss_is_zero_only_for_identical_gradients_and_flat_images(loss: str) -> None:
     gradient, flat = torch.randn(50, generator=torch.Generator().manual_seed(1)), torch.full((1, 1, 4, 4), 0.5)
     assert grnn_loss(true_grad=gradient, fake_grad=gradient, fake_images=flat, tv_weight=1.0, loss=loss) == 0
