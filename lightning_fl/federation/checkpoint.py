@@ -94,6 +94,13 @@ class Checkpoint:
     def __init__(self, output_dir: str | Path, *, enabled: bool = True) -> None:
         self.output_dir, self.enabled = Path(output_dir), enabled
         self._kept: dict[str, Any] = {"initial_private": None, "clients": {}}  # committed files still current
+        self._fingerprint: dict[str, Any] | None = None
+
+    def fingerprint(self, loop: Any) -> dict[str, Any]:
+        """``loop.fingerprint()``, computed once: it is fixed for a run and hashes every client's partition."""
+        if self._fingerprint is None:
+            self._fingerprint = loop.fingerprint()
+        return self._fingerprint
 
     @property
     def manifest_path(self) -> Path:
@@ -157,7 +164,7 @@ class Checkpoint:
             round_idx=loop.round_idx,
             clients=loop.runner.state_dicts(touched),
             initial_private=loop.runner.initial_private,
-            fingerprint=loop.fingerprint(),
+            fingerprint=self.fingerprint(loop),
         )
 
     def save(
@@ -262,7 +269,7 @@ class Checkpoint:
         """
         if self.read_manifest() is None:
             return False
-        manifest = self.check_resumable(loop.fingerprint())
+        manifest = self.check_resumable(self.fingerprint(loop))
         state = self._read(manifest["server"])
         load_state_into(loop.global_model, state["global_state"])
         loop.round_idx = int(state["round_idx"])
