@@ -23,38 +23,9 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _leakage_type() -> type:
-    from lightning_fl.callbacks import GradientLeakage
-
-    class BenchLeakage(GradientLeakage):
-        """:class:`GradientLeakage` that counts views with nothing readable (Paillier ciphertexts) instead of
-        handing the attack an empty view: the attack cannot succeed there, which is the defence's result."""
-
-        unreadable = 0
-
-        def _readable(self, view: Any) -> bool:
-            if view.tensors:
-                return True
-            self.unreadable += 1
-            return False
-
-        def on_local_gradient(self, loop: Any, view: Any, ground_truth: Any) -> None:
-            if self._readable(view):
-                super().on_local_gradient(loop, view, ground_truth)
-
-        def on_client_update(self, loop: Any, view: Any, ground_truth: Any) -> None:
-            if self._readable(view):
-                super().on_client_update(loop, view, ground_truth)
-
-        def on_aggregate_end(self, loop: Any, view: Any, ground_truth: Any) -> None:
-            if self._readable(view):
-                super().on_aggregate_end(loop, view, ground_truth)
-
-    return BenchLeakage
-
-
-def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float, unreadable: int) -> dict[str, Any]:
-    attacks = summary["attacks"]
+def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    attacks = [a for a in summary["attacks"] if a.get("readable", True)]
+    unreadable = len(summary["attacks"]) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
     epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
     result: dict[str, Any] = {
         "test_accuracy": summary["test_accuracy"],
@@ -85,6 +56,7 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     import lightning as L
 
     from lightning_fl.bench.grid import build, load_class
+    from lightning_fl.callbacks import GradientLeakage
     from lightning_fl.datamodules import FederatedDataModule
     from lightning_fl.federation import FederatedLoop
 
@@ -104,7 +76,7 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
         {k: v for k, v in (("seed", seed), ("progress_bar", False)) if k in accepted and k not in init_args}
     )
     attack = attack_type(**init_args)
-    leakage = _leakage_type()(
+    leakage = GradientLeakage(
         attack,
         leak_point=spec["leak_point"],
         rounds=spec["attack_rounds"],
@@ -129,7 +101,7 @@ def run_cell(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
         summary = loop.fit()
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "warnings.txt").write_text("".join(f"{w.message}\n" for w in caught))
-    return _result(spec, summary, time.process_time() - start, leakage.unreadable)
+    return _result(spec, summary, time.process_time() - start)
 
 
 def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:

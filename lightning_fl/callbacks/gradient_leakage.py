@@ -45,6 +45,9 @@ class GradientLeakage(FederatedCallback):
     skipped with a warning. To attack ``client_update`` train the attacked setting with ``loop.local_steps: 1``,
     a small ``data.batch_size`` and ``model.optimizer: sgd``, or attack ``local_gradient`` (docs/attacks.md).
 
+    A view with no readable tensors (updates encrypted with Paillier: the server holds only ciphertexts) is not
+    attacked; its entry says ``"readable": False`` and carries no scores, which is the defence's result.
+
     Args:
         attack: the attack; anything with ``reconstruct(view) -> Reconstruction``.
         leak_point: ``"local_gradient"`` (Fed-CDP type 2), ``"client_update"`` (type 1) or ``"aggregate"``
@@ -127,6 +130,11 @@ class GradientLeakage(FederatedCallback):
         self, loop: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
     ) -> None:
         client = view.metadata.get("client_id")
+        name = getattr(self.attack, "name", type(self.attack).__name__)
+        if not view.tensors:  # the server reads nothing here (Paillier ciphertexts): the defence's result, recorded
+            where = {"round": loop.round_idx, "client": client, "leak_point": self.leak_point, "step": step}
+            loop.record_attack({"attack": name, **where, "readable": False})
+            return
         leaked = leaked_batch_size(view)
         if leaked > self.max_images:
             warnings.warn(
@@ -138,7 +146,6 @@ class GradientLeakage(FederatedCallback):
             )
             return
         reconstruction = self.attack.reconstruct(view)
-        name = getattr(self.attack, "name", type(self.attack).__name__)
         tag = f"{name}_{self.leak_point}_r{loop.round_idx}" + (f"_c{client}" if client is not None else "")
         tag += f"_s{step}" if step is not None else ""
         report = attack_report(

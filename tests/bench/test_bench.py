@@ -12,7 +12,8 @@ from PIL import Image
 
 from lightning_fl.attacks import DLGAttack
 from lightning_fl.bench import cells, load_settings, run_bench
-from lightning_fl.bench.cell import _leakage_type
+from lightning_fl.bench.cell import _result
+from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
 from lightning_fl.messages import ServerView
 from tests.wandb_offline import offline_run
@@ -93,11 +94,25 @@ def test_bench_rejects_a_bad_config_before_writing(tmp_path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+class _RecordingLoop:
+    round_idx = 0
+
+    def __init__(self) -> None:
+        self.attacks: list[dict] = []
+
+    def record_attack(self, entry: dict) -> None:
+        self.attacks.append(entry)
+
+
 def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
-    leakage = _leakage_type()(DLGAttack(max_iterations=1), leak_point="client_update")
+    leakage = GradientLeakage(DLGAttack(max_iterations=1), leak_point="client_update")
     view = ServerView("client_update", torch.nn.Linear(1, 1), {}, "update", {"client_id": 0})
-    leakage.on_client_update(None, view, None)  # an attack on it would raise: nothing is intercepted
-    assert leakage.unreadable == 1
+    loop = _RecordingLoop()
+    leakage.on_client_update(loop, view, None)  # an attack on it would raise: nothing is intercepted
+    assert [a["readable"] for a in loop.attacks] == [False]
+    summary = {"attacks": loop.attacks, "history": [], "test_accuracy": 0.9}
+    result = _result({"success_ssim": 0.6}, summary, 1.0)
+    assert result["unreadable"] == 1 and result["attacked"] == 0 and result["success_rate"] == 0.0
 
 
 @pytest.mark.slow
