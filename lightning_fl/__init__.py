@@ -15,6 +15,7 @@ from lightning_fl.defences import *  # noqa: F403
 from lightning_fl.defences import __all__ as _defences
 from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
 from lightning_fl.federation.export import load_global_model, save_global_model
+from lightning_fl.federation.flower import FlowerFederation
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
@@ -37,6 +38,7 @@ __all__ = [
     "ClientUpdate",
     "FederatedLoop",
     "FederationSpec",
+    "FlowerFederation",
     "GroundTruth",
     "LeakPoint",
     "RoundContext",
