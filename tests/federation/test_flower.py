@@ -7,12 +7,17 @@ accuracies, selected clients and sample counts per round, and every global tenso
 
 from __future__ import annotations
 
+import re
+import sys
+
+import lightning as L
 import pytest
 import torch
 
 from lightning_fl import FederatedLoop, FlowerFederation
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import GaussianNoise, KeyLocks
+from lightning_fl.defences import GaussianNoise, KeyLocks, PaillierEncryption
+from lightning_fl.federation.flower import check_flower
 from lightning_fl.private import public_state
 from tests.conftest import make_classifier
 
@@ -52,3 +57,25 @@ def test_flower_simulation_gives_the_history_of_the_federated_loop(tmp_path, mon
         assert torch.equal(public_state(flower.global_model)[key], value), key
     assert not any(c.initialised for c in flower.clients)  # no client's key-lock secrets on the server
     assert not list(tmp_path.glob("runs/flower-test/clients/*"))
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"eval_on": "clients"}, "loop.eval_on='clients'"),
+        ({"client_callbacks": [L.Callback()]}, "client Trainer callbacks"),
+        ({"workers": 2}, "loop.workers"),
+        ({"client_transforms": [PaillierEncryption(key_size=512)]}, "PaillierEncryption"),
+    ],
+)
+def test_settings_flower_cannot_run_fail_before_training(tmp_path, options, field) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    loop = FederatedLoop(make_classifier(dm), dm, output_dir=tmp_path, **options)
+    with pytest.raises(ValueError, match=re.escape(field)):
+        check_flower(loop)
+
+
+def test_without_flower_the_error_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "flwr", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'lightning-fl[flower]'")):
+        FlowerFederation(build)
