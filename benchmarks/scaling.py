@@ -17,7 +17,11 @@ Section ``ddp`` (issue #12 (c)): the quickstart config through the CLI in one pr
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py ddp --rounds 10
 
-Not here yet (issue #12 (a)): the Flower comparison.
+Section ``flower`` (issue #12 (a)): the quickstart workload's whole-process wall time through ``lightning-fl fit -c
+configs/quickstart.yaml`` against Flower simulations of the same model, data, partition and clients (a plain Flower
+app with a bare PyTorch client, and our Flower adapter; see ``benchmarks/flower_quickstart.py``), one after another:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py flower --rounds 25
 """
 
 from __future__ import annotations
@@ -125,9 +129,64 @@ def run_ddp(*, rounds: int) -> None:
         print(f"| {devices} | {wall:.1f} | {accuracies} | {load:.1f} |")
 
 
+def _tree_cpu_seconds(root: int, seen: dict[int, float]) -> None:
+    """Record the CPU seconds of ``root`` and its descendants (Ray's raylet, GCS and actors) from ``/proc``."""
+    parents, ticks = {}, os.sysconf("SC_CLK_TCK")
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree = {root}
+    for _ in range(8):  # the process tree is shallow
+        tree |= {pid for pid, (ppid, _) in parents.items() if ppid in tree}
+    seen.update({pid: parents[pid][1] for pid in tree if pid in parents})
+
+
+def run_flower(*, rounds: int) -> None:
+    """``lightning-fl fit`` on the quickstart against Flower's simulation of it: whole-process wall and CPU seconds
+    (this process tree, sampled every 0.2 s from /proc, so a process living less than that is missed)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here.parent), str(here), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "LIGHTNING_FL_BENCH_ROUNDS": str(rounds)}
+    print("| run | whole-process wall s | CPU s (process tree) | final accuracy | per round == fit | load before |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as out:
+        fit = [sys.executable, "-m", "lightning_fl.cli", "fit", "-c", "configs/quickstart.yaml"]
+        runs = {
+            "lightning-fl fit": [*fit, "--loop.num_rounds", str(rounds), "--output_dir", out],
+            "Flower simulation, plain app (bare PyTorch client)": [sys.executable, __file__, "flower-run", "bare"],
+            "Flower simulation, lightning-fl adapter": [sys.executable, __file__, "flower-run", "adapter"],
+        }
+        for name, command in runs.items():
+            load, wall, seen = os.getloadavg()[0], time.perf_counter(), {}
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            while process.poll() is None:
+                _tree_cpu_seconds(process.pid, seen)
+                time.sleep(0.2)
+            wall = time.perf_counter() - wall
+            if process.returncode:
+                raise RuntimeError(f"{name} failed with exit code {process.returncode}: {command}")
+            if name == "lightning-fl fit":
+                with open(f"{out}/summary.json") as f:
+                    accuracies = reference = [h["test_accuracy"] for h in json.load(f)["history"]]
+            else:
+                accuracies = json.loads(process.stdout.read().strip().splitlines()[-1])
+            same = accuracies == reference
+            print(f"| {name} | {wall:.1f} | {sum(seen.values()):.1f} | {accuracies[-1]:.4f} | {same} | {load:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["workers", "memory", "ddp"])
+    parser.add_argument("section", choices=["workers", "memory", "ddp", "flower", "flower-run"])
+    parser.add_argument("impl", nargs="?", choices=["bare", "adapter"], help="flower-run: which Flower app")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=100)
@@ -136,6 +195,16 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.section == "flower":
+        run_flower(rounds=args.rounds)
+        return
+    if args.section == "flower-run":  # one Flower simulation, in a process of its own (run by ``flower``)
+        import json
+
+        import flower_quickstart
+
+        print(json.dumps(flower_quickstart.run(args.impl)))
+        return
     if args.section == "ddp":
         run_ddp(rounds=args.rounds)
         return
