@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["FlowerFederation", "FlowerPool", "check_flower"]
 
 _STATE_KEY = "lightning_fl.client_state"  # the client's own state in its Flower Context.state
-_CLIENT_LOOPS: dict[Callable[[], Any], Any] = {}  # one built loop per ClientApp process and build function
+_CLIENT_LOOPS: dict[str, Any] = {}  # one built loop per ClientApp process and federation (by its key)
 
 
 def _flwr() -> Any:
@@ -166,16 +167,17 @@ class FlowerPool:
         """Nothing to stop: the SuperNodes belong to Flower."""
 
 
-def _client_loop(build: Callable[[], FederatedLoop]) -> FederatedLoop:
-    """The loop this ClientApp process trains clients with: built once, client transforms set up."""
-    if build not in _CLIENT_LOOPS:
+def _client_loop(build: Callable[[], FederatedLoop], key: str) -> FederatedLoop:
+    """The loop this ClientApp process trains clients with: built once per federation ``key`` (``build`` itself may
+    arrive as a new object with every message, when Flower sends a function of ``__main__`` by value)."""
+    if key not in _CLIENT_LOOPS:
         loop = build()
         check_flower(loop)
         setup = SetupContext.of(loop)
         for transform in loop.client_transforms:
             transform.setup(setup)
-        _CLIENT_LOOPS[build] = loop
-    return _CLIENT_LOOPS[build]
+        _CLIENT_LOOPS[key] = loop
+    return _CLIENT_LOOPS[key]
 
 
 def _partition(context: Any, num_clients: int) -> int:
@@ -185,17 +187,17 @@ def _partition(context: Any, num_clients: int) -> int:
     return client_id
 
 
-def client_query(build: Callable[[], FederatedLoop], message: Any, context: Any) -> Any:
+def client_query(build: Callable[[], FederatedLoop], key: str, message: Any, context: Any) -> Any:
     """ClientApp ``query``: which client this node is (its ``partition-id``)."""
     app = _flwr().app
-    client_id = _partition(context, _client_loop(build).num_clients)
+    client_id = _partition(context, _client_loop(build, key).num_clients)
     return app.Message(app.RecordDict({"report": app.ConfigRecord({"client": client_id})}), reply_to=message)
 
 
-def client_train(build: Callable[[], FederatedLoop], message: Any, context: Any) -> Any:
+def client_train(build: Callable[[], FederatedLoop], key: str, message: Any, context: Any) -> Any:
     """ClientApp ``train``: fit this node's client on what it received, encode the update, keep its own state."""
     app = _flwr().app
-    loop = _client_loop(build)
+    loop = _client_loop(build, key)
     runner, client_id = loop.runner, _partition(context, loop.num_clients)
     config = message.content["config"]
     if int(config["client"]) != client_id:
@@ -278,6 +280,7 @@ class FlowerFederation:
 
     def __init__(self, build: Callable[[], FederatedLoop], *, node_timeout: float = 300.0) -> None:
         self.flwr, self.build, self.node_timeout = _flwr(), build, node_timeout
+        self.key = uuid.uuid4().hex  # names this federation's loop in each ClientApp process
         self.summary: dict[str, Any] | None = None
         self._loop: FederatedLoop | None = None
 
@@ -309,16 +312,17 @@ class FlowerFederation:
 
     @property
     def client_app(self) -> Any:
-        """The ``flwr.clientapp.ClientApp`` that trains the node's client (sent to the nodes: holds ``build`` only)."""
-        app, build = self.flwr.clientapp.ClientApp(), self.build
+        """The ``flwr.clientapp.ClientApp`` that trains the node's client (sent to the nodes: holds ``build`` and
+        :attr:`key` only)."""
+        app, build, key = self.flwr.clientapp.ClientApp(), self.build, self.key
 
         @app.query()
         def query(message: Any, context: Any) -> Any:
-            return client_query(build, message, context)
+            return client_query(build, key, message, context)
 
         @app.train()
         def train(message: Any, context: Any) -> Any:
-            return client_train(build, message, context)
+            return client_train(build, key, message, context)
 
         return app
 
