@@ -48,7 +48,8 @@ def test_flower_simulation_gives_the_history_of_the_federated_loop(tmp_path, mon
     reference.fit()
 
     federation = FlowerFederation(build)
-    summary = federation.run_simulation()
+    one_actor = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}
+    summary = federation.run_simulation(backend_config=one_actor)  # one ClientApp process: cheapest on CI's 2 cores
 
     flower = federation.loop
     assert summary["history"] == reference.history
