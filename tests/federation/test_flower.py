@@ -80,3 +80,75 @@ def test_without_flower_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "flwr", None)
     with pytest.raises(ImportError, match=re.escape("pip install 'lightning-fl[flower]'")):
         FlowerFederation(build)
+
+
+class InProcessGrid:
+    """A Flower ``Grid`` stand-in that runs the ClientApp in this process, one node per client (no Ray, seconds):
+    what Flower's engines do, minus transport; a raising ClientApp becomes an error reply, as in Flower."""
+
+    def __init__(self, client_app, num_clients: int) -> None:
+        from flwr.app import Context, RecordDict
+
+        self.client_app = client_app
+        self.contexts = {
+            100 + k: Context(1, 100 + k, node_config={"partition-id": k}, state=RecordDict(), run_config={})
+            for k in range(num_clients)
+        }
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None) -> list:
+        from flwr.app import Error, Message
+
+        replies = []
+        for message in messages:
+            try:
+                replies.append(self.client_app(message, self.contexts[message.metadata.dst_node_id]))
+            except Exception as err:
+                replies.append(Message(Error(code=0, reason=repr(err)), reply_to=message))
+        return replies
+
+
+def one_round(output_dir: str = "runs/flower-test") -> FederatedLoop:
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
+    return FederatedLoop(
+        make_classifier(dm),
+        dm,
+        num_rounds=1,
+        clients_per_round=3,
+        local_steps=1,
+        defences=[KeyLocks(key_length=16)],
+        output_dir=output_dir,
+        checkpoint=False,
+        progress_bar=False,
+    )
+
+
+def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(tmp_path, monkeypatch) -> None:
+    from flwr.app import Context, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from lightning_fl.federation import flower
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("_task_id", "_run_id", "_node_id"):  # what Flower's engines set in the ServerApp's process
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    federation = FlowerFederation(one_round)
+    client_loop = flower._client_loop(one_round, federation.key)  # what this process's ClientApp trains with
+    fit = client_loop.runner.fit
+
+    def fails_for_client_1(ctx, received, **kwargs):
+        if ctx.client_id == 1:
+            raise RuntimeError("client 1 lost power")
+        return fit(ctx, received, **kwargs)
+
+    monkeypatch.setattr(client_loop.runner, "fit", fails_for_client_1)
+    grid = InProcessGrid(federation.client_app, 3)
+    with pytest.warns(UserWarning, match="client 1 failed and is dropped.*client 1 lost power"):
+        federation.server_app(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}))
+    assert federation.summary["history"][0]["clients"] == [0, 2]
+    stored = {ctx.node_config["partition-id"]: flower._STATE_KEY in ctx.state for ctx in grid.contexts.values()}
+    assert stored == {0: True, 1: False, 2: True}  # each trained client's key-lock secrets, on its own node only
+    assert not any(c.initialised for c in federation.loop.clients)
+    assert not any(c.private for c in client_loop.runner.states)  # the ClientApp process forgets them after a fit
