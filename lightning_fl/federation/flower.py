@@ -181,6 +181,10 @@ def _client_loop(build: Callable[[], FederatedLoop], key: str) -> FederatedLoop:
 
 
 def _partition(context: Any, num_clients: int) -> int:
+    """This node's client id: its ``node_config["partition-id"]`` (Flower's simulation sets it; a real SuperNode
+    gets it from ``--node-config "partition-id=K"``)."""
+    if "partition-id" not in context.node_config:
+        raise ValueError('node_config has no partition-id; start the SuperNode with --node-config "partition-id=K".')
     client_id = int(context.node_config["partition-id"])
     if not 0 <= client_id < num_clients:
         raise ValueError(f"node_config partition-id={client_id} must be in [0, {num_clients}) for this federation.")
