@@ -15,6 +15,7 @@ from lightning_fl.federation.contexts import (
     SetupContext,
     derive_seed,
 )
+from lightning_fl.federation.failures import ClientFailure, ServerSideError
 
 _LAZY = {
     "FederatedLoop": "lightning_fl.federation.loop",
@@ -40,6 +41,7 @@ _LAZY = {
 __all__ = [
     "Checkpoint",
     "ClientContext",
+    "ClientFailure",
     "ClientRunner",
     "ClientState",
     "Evaluator",
@@ -53,6 +55,7 @@ __all__ = [
     "RoundWandbLogger",
     "RunLock",
     "RunRecorder",
+    "ServerSideError",
     "SetupContext",
     "WorkerPool",
     "check_model",
