@@ -125,8 +125,7 @@ def main() -> None:
     schedule = []
     for r in range(args.rounds):
         probe.round_idx = r
-        generator = probe.round_context().rng("select")
-        schedule.append(probe.selector.select(round_idx=r, num_clients=10, k=5, generator=generator))
+        schedule.append(probe.selector.select(probe.round_context()))
     ours, plain, parts_all = [], [], []
     for i in range(args.repeats):
         t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}")

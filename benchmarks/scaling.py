@@ -95,8 +95,8 @@ def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
             checkpoint=False,
             progress_bar=False,
         )
-        loop.selector.select = lambda *, round_idx, num_clients, k, generator: list(  # every client once
-            range(round_idx * k, min(num_clients, (round_idx + 1) * k))
+        loop.selector.select = lambda ctx: list(  # every client once
+            range(ctx.round_idx * per_round, min(clients, (ctx.round_idx + 1) * per_round))
         )
         wall = time.perf_counter()
         loop.fit()

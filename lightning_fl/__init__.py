@@ -15,6 +15,7 @@ from lightning_fl.defences import *  # noqa: F403
 from lightning_fl.defences import __all__ as _defences
 from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
 from lightning_fl.federation.export import load_global_model, save_global_model
+from lightning_fl.federation.failures import ClientFailure, ServerSideError
 from lightning_fl.federation.flower import FlowerFederation
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
@@ -33,6 +34,7 @@ __all__ = [
     "LEAK_POINTS",
     "BroadcastTransform",
     "ClientContext",
+    "ClientFailure",
     "ClientState",
     "ClientTransform",
     "ClientUpdate",
@@ -42,6 +44,7 @@ __all__ = [
     "GroundTruth",
     "LeakPoint",
     "RoundContext",
+    "ServerSideError",
     "ServerTransform",
     "ServerView",
     "SetupContext",

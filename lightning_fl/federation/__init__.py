@@ -15,6 +15,7 @@ from lightning_fl.federation.contexts import (
     SetupContext,
     derive_seed,
 )
+from lightning_fl.federation.failures import ClientFailure, ServerSideError
 
 _LAZY = {
     "FederatedLoop": "lightning_fl.federation.loop",
@@ -42,6 +43,7 @@ _LAZY = {
 __all__ = [
     "Checkpoint",
     "ClientContext",
+    "ClientFailure",
     "ClientRunner",
     "ClientState",
     "Evaluator",
@@ -57,6 +59,7 @@ __all__ = [
     "RoundWandbLogger",
     "RunLock",
     "RunRecorder",
+    "ServerSideError",
     "SetupContext",
     "WorkerPool",
     "check_model",

@@ -2,7 +2,8 @@
 
 For every selected client, :class:`ClientRound` runs the fit-start callbacks, sends it the global state through the
 downlink (broadcast transforms), trains it (in this process with the gradient tap, or in the worker pool), runs the
-fit-end callbacks, encodes the update with the client transforms, drops failed and unsound updates and norm
+fit-end callbacks, encodes the update with the client transforms, drops failed clients (a
+:class:`~lightning_fl.federation.failures.ClientFailure`; any other error propagates), unsound updates and norm
 outliers with a warning, and reports each kept update at the client-update leak point. It also chooses the pool
 (local worker processes, Ray actors or DDP ranks) that trains the clients during one ``fit``.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from lightning_fl.federation.distributed import RankPool, Ranks
+from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
 from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
@@ -117,15 +119,17 @@ class ClientRound:
         self, ctx: ClientContext, received: dict[str, Tensor], train: Callable[[], ClientUpdate]
     ) -> ClientUpdate | None:
         loop, client_id = self.loop, ctx.client_id
-        try:
+        try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
             update = train()
             for cb in loop.callbacks:
                 cb.on_client_fit_end(loop.view, update)
             update, refused = encode_update(update, loop.client_transforms, ctx=ctx, max_norm=loop.max_update_norm)
-        except Exception as err:  # a failing client must never stop or corrupt the federation
+        except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
             # stacklevel 4: the warnings point at FederatedLoop.run_round, as before the round trip moved here
-            warnings.warn(f"round {loop.round_idx}: client {client_id} failed and is dropped ({err!r})", stacklevel=4)
-            log.exception("client %s failed", client_id)
+            warnings.warn(
+                f"round {loop.round_idx}: client {client_id} failed and is dropped ({failure.detail})", stacklevel=4
+            )
+            log.exception("client %s failed in %s", client_id, failure.stage)
             return None
         reason = refused or check_update(update, {k: ctx.global_state[k] for k in loop.spec.update_keys})
         if reason is not None:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl.federation.contexts import ClientContext, ClientState, FederationSpec, derive_seed
+from lightning_fl.federation.failures import client_work
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import load_state_into, private_state, public_state, reset_private_state
@@ -110,7 +111,11 @@ class ClientRunner:
     def fit(
         self, ctx: ClientContext, received: dict[str, Tensor], *, callbacks: Sequence[L.Callback] = ()
     ) -> ClientUpdate:
-        """Train client ``ctx.client_id`` on ``received`` and return its raw update (before client transforms)."""
+        """Train client ``ctx.client_id`` on ``received`` and return its raw update (before client transforms).
+
+        Raises:
+            ClientFailure: when the client's training raised (see :mod:`~lightning_fl.federation.failures`).
+        """
         client_id, worker = ctx.client_id, self.worker
         self.load_client(ctx, received)
         fit_seed = ctx.seed("fit", client_id)
@@ -121,7 +126,8 @@ class ClientRunner:
         )
         with quiet_lightning():
             trainer = build_trainer(self.trainer_options, callbacks=list(callbacks), **steps)
-            trainer.fit(worker, train_dataloaders=loader)
+            with client_work(client_id, "training"):
+                trainer.fit(worker, train_dataloaders=loader)
         state = self.states[client_id]
         state.private = {k: v.detach().clone() for k, v in private_state(worker).items()}
         state.initialised = bool(state.private)

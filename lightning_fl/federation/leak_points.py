@@ -16,6 +16,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lightning_fl.federation.failures import ServerSideError
 from lightning_fl.federation.model_contract import split_batch
 from lightning_fl.messages import ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.private import load_state_into, public_state
@@ -155,26 +156,33 @@ class LeakPoints:
         batch: Any,
         opt: Any,
     ) -> None:
-        """Type 2: one released local gradient; private parameters are dropped."""
+        """Type 2: one released local gradient; private parameters are dropped.
+
+        It runs inside the client's fit but is the server's (the attacks'): what it raises propagates as a
+        :class:`~lightning_fl.federation.failures.ServerSideError`, never as that client's failure.
+        """
         listeners = self.listeners("on_local_gradient")
         if not listeners:
             return
-        public = public_state(model)
-        inputs, targets = split_batch(model, batch)
-        view = self.view(
-            "local_gradient",
-            state=dict(public),
-            tensors={k: g for k, g in gradients.items() if k in public},
-            kind="gradient",
-            round_idx=round_idx,
-            client_id=client_id,
-            lr=opt.param_groups[0]["lr"] if opt is not None else None,
-            batch_size=len(targets),
-            local_steps=1,
-        )
-        truth = GroundTruth(inputs.detach().clone(), targets.detach().clone())
-        for cb in listeners:
-            cb.on_local_gradient(self.loop, view, truth)
+        try:
+            public = public_state(model)
+            inputs, targets = split_batch(model, batch)
+            view = self.view(
+                "local_gradient",
+                state=dict(public),
+                tensors={k: g for k, g in gradients.items() if k in public},
+                kind="gradient",
+                round_idx=round_idx,
+                client_id=client_id,
+                lr=opt.param_groups[0]["lr"] if opt is not None else None,
+                batch_size=len(targets),
+                local_steps=1,
+            )
+            truth = GroundTruth(inputs.detach().clone(), targets.detach().clone())
+            for cb in listeners:
+                cb.on_local_gradient(self.loop, view, truth)
+        except Exception as err:
+            raise ServerSideError(f"the local-gradient leak point failed in client {client_id}'s fit: {err!r}") from err
 
     def client_update(self, update: ClientUpdate, received: dict[str, Tensor]) -> None:
         """Type 1: the update as the server receives it, on the model its client received."""
@@ -198,7 +206,11 @@ class LeakPoints:
     def aggregate(
         self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor], readable: dict[str, Tensor]
     ) -> None:
-        """Type 0: what the server itself can read of the aggregate (all of it, or its plaintext part)."""
+        """Type 0: what the server itself can read of the broadcast aggregate (all of it, or its plaintext part).
+
+        ``readable`` is the delta after the server transforms (e.g. server-side DP noise): what anyone who sees
+        the new global model sees, not the aggregate before them.
+        """
         listeners = self.listeners("on_aggregate_end")
         if not listeners:
             return

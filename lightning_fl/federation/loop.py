@@ -211,12 +211,7 @@ class FederatedLoop:
         self.recorder.round_metrics = {}
         self.downlink.start_round()
         ctx = self.round_context()
-        selected = self.selector.select(
-            round_idx=self.round_idx,
-            num_clients=self.num_clients,
-            k=self.clients_per_round,
-            generator=ctx.rng("select"),
-        )
+        selected = self.selector.select(ctx)
         self._touched = list(selected)  # whose client-side state may have changed: committed with the round
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)

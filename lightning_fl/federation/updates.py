@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lightning_fl.federation.failures import client_work
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.validation import update_norm_outliers
 
@@ -48,9 +49,13 @@ def encode_update(
 
     An update that a transform encrypts (its ``payload`` appears) is checked against ``max_norm`` by the client
     itself, on the plaintext just before encryption: afterwards the server cannot see its norm.
+
+    Raises:
+        ClientFailure: when a transform raised (the client's own work, see :mod:`~lightning_fl.federation.failures`).
     """
     for transform in transforms:
-        encoded = transform(update, ctx=ctx)
+        with client_work(ctx.client_id, f"client transform {type(transform).__name__}"):
+            encoded = transform(update, ctx=ctx)
         if update.payload is None and encoded.payload is not None:
             norm = update_norm(update)
             if not norm <= max_norm:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl.federation.contexts import ClientState, RoundContext
+from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
 
@@ -72,7 +73,12 @@ class ClientJob:
 
 @dataclass(frozen=True)
 class ClientResult:
-    """One client fit as a worker returns it: the raw update and the client's own state, or the error."""
+    """One client fit as a worker returns it: the raw update and the client's own state, or the error.
+
+    ``error`` is the worker's traceback; ``client_failure`` is set (to what the client's work raised) when the
+    error was the client's own work failing, which the loop drops, and ``None`` for anything else, which stops the
+    run; see :mod:`~lightning_fl.federation.failures`.
+    """
 
     client_id: int
     update: ClientUpdate | None = None
@@ -80,6 +86,12 @@ class ClientResult:
     trained: bytes = b""
     private: bytes = b""
     error: str | None = None
+    client_failure: str | None = None
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error in a worker process, as the cause of the error raised here (as
+    ``concurrent.futures`` does)."""
 
 
 def check_workers(
@@ -133,7 +145,9 @@ def fit_job(runner: ClientRunner, task: ClientJob) -> ClientResult:
         private = runner.states[k].private
         slim = ClientUpdate(k, update.round_idx, {}, update.num_samples, update.loss, update.metadata)
         return ClientResult(k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(private))
-    except Exception:  # reported and dropped by the loop, as an in-process failure is
+    except ClientFailure as failure:  # the client's own work: dropped by the loop, as an in-process failure is
+        return ClientResult(k, error=traceback.format_exc().strip(), client_failure=failure.detail)
+    except Exception:  # a fault of our own code in the worker: collect raises it in the loop's process
         return ClientResult(k, error=traceback.format_exc(limit=-3).strip())
     finally:
         runner.states[k] = ClientState(k)  # the worker keeps no client's secrets between fits
@@ -144,8 +158,12 @@ def collect(runner: ClientRunner, result: ClientResult) -> ClientUpdate:
     (what a client transform sees as ``ctx.model``) and return the raw update.
 
     Raises:
-        RuntimeError: with the remote traceback when the fit failed there.
+        ClientFailure: with the remote traceback when the client's own work failed there.
+        RuntimeError: with the remote traceback when anything else failed there.
     """
+    if result.client_failure is not None:
+        cause = RemoteTraceback(f"in worker process:\n{result.error}")
+        raise ClientFailure(result.client_id, "training in a worker process", result.client_failure) from cause
     if result.error is not None:
         raise RuntimeError(f"in worker process: {result.error}")
     state = runner.states[result.client_id]

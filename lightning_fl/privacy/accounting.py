@@ -53,23 +53,6 @@ TF_PRIVACY_ORDERS: tuple[float, ...] = (
 History = list[tuple[float, float, int]]
 
 
-FED_CDP_TABLE_VI: list[tuple[str, int, float, float]] = [
-    ("Fed-CDP L=1 cancer", 4, 0.01, 0.0467),
-    ("Fed-CDP L=1 adult", 11, 0.01, 0.0494),
-    ("Fed-CDP L=1 LFW", 61, 0.01, 0.0689),
-    ("Fed-CDP L=1 MNIST", 101, 0.01, 0.0845),
-    ("Fed-CDP L=100 cancer", 301, 0.01, 0.1469),
-    ("Fed-CDP L=100 adult", 1001, 0.01, 0.2761),
-    ("Fed-CDP L=100 LFW", 6001, 0.01, 0.6356),
-    ("Fed-CDP L=100 MNIST", 10001, 0.01, 0.8227),
-    ("Fed-SDP cancer", 4, 0.1, 0.2065),
-    ("Fed-SDP adult", 11, 0.1, 0.3025),
-    ("Fed-SDP LFW", 61, 0.1, 0.6677),
-    ("Fed-SDP MNIST", 101, 0.1, 0.8536),
-]
-"""Fed-CDP (Wei et al., ICDCS 2021) Table VI: ``(row, steps, sample_rate, paper epsilon)`` at sigma = 6 and
-delta = 1e-5, with the step counts of spec B7 (T*L + 1, or T + 1); the classic conversion reproduces them."""
-
 RDP_ORDERS: list[float] = [*RDPAccountant.DEFAULT_ALPHAS, 80, 96, 128, 192, 256, 384, 512, 1024]
 """Opacus' default RDP orders (1.1 to 63) widened to 1024: with large noise multipliers and few steps the best
 order lies above 63, where Opacus' default grid would overstate epsilon (and warn)."""

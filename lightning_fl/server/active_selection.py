@@ -10,10 +10,10 @@ import torch
 from typing_extensions import override
 
 from lightning_fl.messages import ClientUpdate
-from lightning_fl.server.selection import ClientSelector
+from lightning_fl.server.selection import ClientSelector, uniform_sample
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import SetupContext
+    from lightning_fl.federation.contexts import RoundContext, SetupContext
 
 __all__ = ["ActiveSelector"]
 
@@ -43,9 +43,11 @@ class ActiveSelector(ClientSelector):
         ValueError: on alphas outside [0, 1] (alpha2 must be >= 0) or an unknown option.
 
     Example:
-        >>> selector = ActiveSelector()
-        >>> selector.select(round_idx=0, num_clients=10, k=3, generator=torch.Generator().manual_seed(0))
-        [1, 4, 7]
+        >>> from lightning_fl.federation.contexts import FederationSpec, RoundContext
+        >>> spec = FederationSpec(num_clients=10, clients_per_round=3, num_rounds=2, local_epochs=1,
+        ...                       local_steps=None, seed=0, batch_size=8, num_train_samples=(8,) * 10)
+        >>> ActiveSelector().select(RoundContext(spec, round_idx=0))  # no valuations yet: uniform
+        [0, 1, 6]
     """
 
     def __init__(
@@ -91,9 +93,10 @@ class ActiveSelector(ClientSelector):
         return torch.tensor([self.values.get(k, fill) for k in range(num_clients)], dtype=torch.float64)
 
     @override
-    def select(self, *, round_idx: int, num_clients: int, k: int, generator: torch.Generator) -> list[int]:
+    def select(self, ctx: RoundContext) -> list[int]:
+        num_clients, k, generator = ctx.spec.num_clients, ctx.spec.clients_per_round, ctx.rng("select")
         if not self.values:
-            return sorted(torch.randperm(num_clients, generator=generator)[:k].tolist())
+            return uniform_sample(num_clients, k, generator)
         values = self.valuations(num_clients)
         num_excluded = min(int(self.alpha1 * num_clients), num_clients - k)
         logits = self.alpha2 * values

@@ -65,9 +65,19 @@ def test_settings_workers_cannot_run_fail_before_training(tmp_path, workers, opt
         FederatedLoop(make_classifier(dm), dm, workers=workers, output_dir=tmp_path, **options)
 
 
-def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) -> None:
+class _PowerLoss(torch.utils.data.Dataset):
+    """Client 1's data source on a device that loses power while training reads it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        raise RuntimeError("client 1 lost power")
+
+
+def _three_clients_in_two_workers(tmp_path) -> FederatedLoop:
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
-    loop = FederatedLoop(
+    return FederatedLoop(
         make_classifier(dm),
         dm,
         num_rounds=1,
@@ -80,15 +90,30 @@ def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) 
         progress_bar=False,
         workers=2,
     )
-    fit = loop.runner.fit
 
-    def fails_for_client_1(ctx, received, **kwargs):
-        if ctx.client_id == 1:
-            raise RuntimeError("client 1 lost power")
-        return fit(ctx, received, **kwargs)
 
-    loop.runner.fit = fails_for_client_1  # the forked workers inherit it
+def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) -> None:
+    loop = _three_clients_in_two_workers(tmp_path)
+    loaders = loop.runner.datamodule.train_dataloader
+
+    def client_1_fails_while_training(client_id, **kwargs):
+        if client_id == 1:
+            return torch.utils.data.DataLoader(_PowerLoss(), batch_size=2)
+        return loaders(client_id, **kwargs)
+
+    loop.runner.datamodule.train_dataloader = client_1_fails_while_training  # the forked workers inherit it
     with pytest.warns(UserWarning, match="client 1 failed and is dropped.*client 1 lost power"):
         loop.fit()
     assert loop.history[0]["clients"] == [0, 2]
     assert [c.initialised for c in loop.clients] == [True, False, True]
+
+
+def test_a_fault_of_our_own_code_in_a_worker_stops_the_run(tmp_path) -> None:
+    loop = _three_clients_in_two_workers(tmp_path)
+
+    def broken_load(ctx, received) -> None:  # our code around the fit, not the client's work
+        raise TypeError("load_state_into() got an unexpected keyword argument 'strict'")
+
+    loop.runner.load_client = broken_load
+    with pytest.raises(RuntimeError, match=r"(?s)in worker process: .*TypeError: load_state_into"):
+        loop.fit()

@@ -4,9 +4,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
 from lightning_fl.privacy import PrivacyAccountant, PureDPAccountant, calibrate_noise_multiplier, classic_rdp_epsilon
-from lightning_fl.privacy.accounting import FED_CDP_TABLE_VI
-
-TABLE_VI = FED_CDP_TABLE_VI
+from tests.privacy.paper_tables import FED_CDP_TABLE_VI as TABLE_VI
 
 
 @pytest.mark.parametrize(("row", "steps", "q", "paper"), TABLE_VI, ids=[r[0] for r in TABLE_VI])

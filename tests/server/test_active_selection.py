@@ -6,18 +6,33 @@ import math
 from collections import Counter
 
 import pytest
-import torch
 
+from lightning_fl.federation.contexts import FederationSpec, RoundContext
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server import ActiveSelector
 
 VALUES = {k: float(k) for k in range(8)}  # client k has valuation k
 
 
+def _round(k: int, seed: int) -> RoundContext:
+    """Round 1 of a run of 8 clients, ``k`` a round, with master seed ``seed`` (so ``rng("select")`` differs)."""
+    spec = FederationSpec(
+        num_clients=8,
+        clients_per_round=k,
+        num_rounds=2,
+        local_epochs=1,
+        local_steps=None,
+        seed=seed,
+        batch_size=8,
+        num_train_samples=(8,) * 8,
+    )
+    return RoundContext(spec, round_idx=1)
+
+
 def _draw(selector: ActiveSelector, k: int, trials: int = 4000) -> Counter:
     counts: Counter = Counter()
     for t in range(trials):
-        counts.update(selector.select(round_idx=1, num_clients=8, k=k, generator=torch.Generator().manual_seed(t)))
+        counts.update(selector.select(_round(k, seed=t)))
     return counts
 
 
@@ -45,8 +60,9 @@ def test_first_round_is_uniform_and_selection_has_no_duplicates() -> None:
     counts = _draw(selector, k=3, trials=2000)
     assert all(counts[k] / 2000 == pytest.approx(3 / 8, abs=0.04) for k in range(8))
     selector.values = dict(VALUES)
-    picked = selector.select(round_idx=1, num_clients=8, k=4, generator=torch.Generator().manual_seed(0))
+    picked = selector.select(_round(4, seed=0))
     assert len(set(picked)) == 4
+    assert selector.select(_round(4, seed=0)) == picked  # the round's rng("select") is its only randomness
 
 
 @pytest.mark.parametrize(

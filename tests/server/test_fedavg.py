@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lightning_fl import ClientUpdate, FedAvg, UniformSelector, weighted_average
+from lightning_fl.federation.contexts import FederationSpec, RoundContext
 
 
 def _update(client_id: int, value: float, n: int) -> ClientUpdate:
@@ -31,6 +32,17 @@ def test_weighted_average_rejects_zero_total_weight() -> None:
 
 
 def test_uniform_selector_picks_distinct_clients_reproducibly() -> None:
-    pick = UniformSelector().select(round_idx=0, num_clients=10, k=5, generator=torch.Generator().manual_seed(1))
-    again = UniformSelector().select(round_idx=0, num_clients=10, k=5, generator=torch.Generator().manual_seed(1))
+    spec = FederationSpec(
+        num_clients=10,
+        clients_per_round=5,
+        num_rounds=3,
+        local_epochs=1,
+        local_steps=None,
+        seed=1,
+        batch_size=8,
+        num_train_samples=(8,) * 10,
+    )
+    pick = UniformSelector().select(RoundContext(spec, round_idx=0))
+    again = UniformSelector().select(RoundContext(spec, round_idx=0))
     assert pick == again and len(set(pick)) == 5
+    assert UniformSelector().select(RoundContext(spec, round_idx=1)) != pick  # seeded per round
