@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl.federation.contexts import ClientState, RoundContext, SetupContext
+from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.federation.updates import encode_update
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.transforms import ClientTransform
@@ -134,7 +135,7 @@ class FlowerPool:
             for client_id, round_idx, received in fits
         ]
         client_of = {self.nodes[k]: k for k, _, _ in fits}
-        replies: dict[int, Any] = {k: f"no reply from its SuperNode within {self.timeout} s" for k, _, _ in fits}
+        replies: dict[int, Any] = {k: (k, f"no reply from its SuperNode within {self.timeout} s") for k, _, _ in fits}
         for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
             replies[client_of[reply.metadata.src_node_id]] = reply
         return replies
@@ -143,12 +144,14 @@ class FlowerPool:
         """The encoded update in ``reply``; logs the metrics its client transforms logged.
 
         Raises:
-            RuntimeError: with the ClientApp's error when the client failed or did not reply.
+            ClientFailure: with the ClientApp's error when the client failed, or when it did not reply: a remote
+                client's crash or silence is its own failure (:mod:`lightning_fl.federation.failures`).
         """
-        if isinstance(reply, str):
-            raise RuntimeError(reply)
+        if isinstance(reply, tuple):
+            raise ClientFailure(reply[0], "its Flower SuperNode", reply[1])
         if reply.has_error():
-            raise RuntimeError(f"in Flower ClientApp: {reply.error.reason}")
+            client_id = next(k for k, node in self.nodes.items() if node == reply.metadata.src_node_id)
+            raise ClientFailure(client_id, "its Flower ClientApp", reply.error.reason)
         content = reply.content
         meta, logged = dict(content["metadata"]), dict(content["logged"])
         if logged:
