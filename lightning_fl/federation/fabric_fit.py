@@ -10,9 +10,11 @@ closure (``training_step``, ``optimizer.zero_grad()``, ``backward``) and reduces
 (``tests/federation/test_fabric_fit.py``).
 
 Only *plain* clients take this path (:func:`options_need_trainer` and :func:`model_needs_trainer` say why a client
-does not): no client callbacks (Opacus' ``PerExampleDP``, the gradient tap), automatic optimisation with one optimiser and no scheduler, fp32 on one CPU
-device, no ``loop.trainer`` option beyond the quiet defaults, and no overridden ``LightningModule`` hook other than
-the four above (a hook the ``Trainer`` would call and this loop would not changes what the client trains).
+does not): no client callbacks (Opacus' ``PerExampleDP``, the gradient tap), automatic optimisation with one
+optimiser and no scheduler, fp32 on one CPU device, no ``loop.trainer`` option beyond the quiet defaults, and no
+overridden ``LightningModule`` hook other than the four above (a hook the ``Trainer`` would call and this loop would
+not changes what the client trains). A module that logs in a form only the ``Trainer`` reduces (a ``Metric`` object,
+``on_step`` and ``on_epoch`` together) is trained again on the ``Trainer``, then and for every later client.
 """
 
 from __future__ import annotations
