@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_fl.federation.contexts import ClientState
+from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.private import load_state_into
 
@@ -97,6 +98,11 @@ class Evaluator:
         on: ``global`` tests the global model; ``clients`` averages each trained client's own model
             (global public state + its private layers), as personalised defences need.
         metric: the name the model logs in ``test_step``.
+
+    Attributes:
+        lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
+            options, without a ``Trainer`` (:func:`~lightning_fl.federation.fabric_fit.lean_test`: the same metrics,
+            without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
     """
 
     def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):
@@ -105,7 +111,9 @@ class Evaluator:
         if on not in ("global", "clients"):
             raise ValueError(f"loop.eval_on={on!r} is unknown; use 'global' or 'clients'.")
         self.options, self.every, self.on, self.metric = options, every, on, metric
+        self.lean = True
         self._trainer: L.Trainer | None = None
+        self._needs_trainer: dict[type, bool] = {}
 
     def due(self, round_idx: int, num_rounds: int) -> bool:
         """Whether round ``round_idx`` ends with an evaluation."""
@@ -113,12 +121,19 @@ class Evaluator:
 
     def test(self, model: L.LightningModule, loader: Iterable[Any]) -> float:
         """``metric`` of ``model`` on ``loader``."""
-        with quiet_lightning():
-            if self._trainer is None:
-                self._trainer = build_trainer(self.options)
-            results = self._trainer.test(model, dataloaders=loader, verbose=False)
+        kind = type(model)
+        if kind not in self._needs_trainer:
+            reason = options_need_trainer(self.options, ()) or model_needs_trainer(model, stage="test")
+            self._needs_trainer[kind] = bool(reason)
+        results = lean_test(model, loader) if self.lean and not self._needs_trainer[kind] else None
+        if results is None:  # the Trainer's test (a model that logs in a form only the Trainer reduces, from now on)
+            self._needs_trainer[kind] = True
+            with quiet_lightning():
+                if self._trainer is None:
+                    self._trainer = build_trainer(self.options)
+                results = self._trainer.test(model, dataloaders=loader, verbose=False)[0]
         return logged_metric(
-            results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
+            results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
         )
 
     def check_metric(self, model: L.LightningModule, loader: Iterable[Any]) -> None:

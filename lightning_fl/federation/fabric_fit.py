@@ -26,10 +26,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from torchmetrics import Metric
 
 from lightning_fl.federation.trainers import QUIET_TRAINER
 
-__all__ = ["FabricFit", "FitOutcome", "model_needs_trainer", "options_need_trainer"]
+__all__ = ["FabricFit", "FitOutcome", "lean_test", "model_needs_trainer", "options_need_trainer"]
 
 _CALLED = {"forward", "training_step", "configure_optimizers", "on_train_epoch_start", "on_train_epoch_end"}
 """The LightningModule methods a plain client may override: the ones :class:`FabricFit` calls."""
@@ -37,18 +38,43 @@ _CALLED = {"forward", "training_step", "configure_optimizers", "on_train_epoch_s
 _NOT_IN_FIT = ("validation_step", "test_step", "predict_step", "on_validation", "on_test", "on_predict")
 """Prefixes of hooks a ``Trainer`` never calls in a fit without validation (the loop's inner fits validate nothing)."""
 
+_CALLED_IN_TEST = {"forward", "test_step", "on_test_epoch_start", "on_test_epoch_end"}
+"""The LightningModule methods a model tested by :func:`lean_test` may override: the ones it calls."""
+
+_NOT_IN_TEST = (
+    "training_step",
+    "validation_step",
+    "predict_step",
+    "on_train",
+    "on_validation",
+    "on_predict",
+    "configure_optimizers",
+    "optimizer",
+    "backward",
+    "on_before",
+    "on_after_backward",
+    "lr_scheduler",
+    "configure_gradient_clipping",
+    "clip_gradients",
+    "manual_backward",
+    "toggle_optimizer",
+    "untoggle",
+)
+"""Prefixes of methods ``Trainer.test`` never calls."""
+
 _PLAIN_OPTIONS = {**QUIET_TRAINER, "accelerator": "cpu", "devices": 1}
 
 
-def _overridden_hooks(model: L.LightningModule) -> list[str]:
-    """The ``LightningModule`` methods and hooks ``type(model)`` overrides that a ``Trainer`` fit may call."""
+def _overridden_hooks(model: L.LightningModule, *, called: set[str] = _CALLED, skip: tuple = _NOT_IN_FIT) -> list[str]:
+    """The ``LightningModule`` methods and hooks ``type(model)`` overrides that a ``Trainer`` fit (or test, with
+    ``called`` and ``skip`` of the test) may call and the lean loop does not."""
     base = L.LightningModule
     names = [n for n in dir(base) if not n.startswith("_") and callable(getattr(base, n, None))]
     return sorted(
         n
         for n in names
-        if n not in _CALLED
-        and not n.startswith(_NOT_IN_FIT)
+        if n not in called
+        and not n.startswith(skip)
         and inspect.getattr_static(type(model), n, None) is not inspect.getattr_static(base, n)
     )
 
@@ -66,16 +92,20 @@ def options_need_trainer(options: Mapping[str, Any], callbacks: Sequence[Any]) -
     return f"loop.trainer sets {extra}" if extra else None
 
 
-def model_needs_trainer(model: L.LightningModule) -> str | None:
-    """Why ``model`` needs the full ``Trainer`` (one line), or ``None`` when :class:`FabricFit` trains it the same.
+def model_needs_trainer(model: L.LightningModule, *, stage: str = "fit") -> str | None:
+    """Why ``model`` needs the full ``Trainer`` (one line), or ``None`` when :class:`FabricFit` trains it
+    (``stage="fit"``) or :func:`lean_test` tests it (``stage="test"``) the same.
 
-    Calls ``configure_optimizers`` once to see that it returns one optimiser.
+    For the fit, calls ``configure_optimizers`` once to see that it returns one optimiser.
 
     Example:
         >>> from lightning_fl import ImageClassifier
         >>> model_needs_trainer(ImageClassifier("lenet_dlg")) is None
         True
     """
+    if stage == "test":
+        hooks = _overridden_hooks(model, called=_CALLED_IN_TEST, skip=_NOT_IN_TEST)
+        return f"{type(model).__name__} overrides {hooks}" if hooks else None
     if not model.automatic_optimization:
         return "manual optimisation"
     hooks = _overridden_hooks(model)
@@ -92,23 +122,35 @@ def model_needs_trainer(model: L.LightningModule) -> str | None:
 
 class _Logged:
     """What ``self.log`` / ``self.log_dict`` leave in ``trainer.callback_metrics`` at the end of a ``Trainer`` fit,
-    computed as Lightning's result collection does for the forms a training loop uses: a value logged in
-    ``training_step`` on step (the last one) or on epoch (the batch-size-weighted mean of the last epoch, summed in
-    float32 and divided by the summed batch sizes, as Lightning does), and a value logged in an epoch hook. Any other
-    form (a torchmetrics ``Metric``, both ``on_step`` and ``on_epoch``, another ``reduce_fx``) sets ``unsupported``.
+    computed as Lightning's result collection does for the forms training and test loops use: a value logged in a
+    step on step (the last one) or on epoch (the batch-size-weighted mean of the last epoch, summed in float32 and
+    divided by the summed batch sizes, as Lightning does), a torchmetrics ``Metric`` logged on epoch (computed at the
+    epoch end, then reset), and a value logged in an epoch hook. Any other form (a ``Metric`` on step, both
+    ``on_step`` and ``on_epoch``, another ``reduce_fx``) sets ``unsupported``.
+
+    Args:
+        steps_log_on_step: the default of ``on_step`` in a step (``True`` in ``training_step``, ``False`` in
+            ``test_step``); ``on_epoch`` defaults to the opposite.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, steps_log_on_step: bool) -> None:
+        self.steps_log_on_step = steps_log_on_step
         self.metrics: dict[str, float] = {}
         self.unsupported: str | None = None
-        self.batch: Any = None  # the batch of the running training_step; None in epoch hooks
-        self._epoch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.not_for_logger: set[str] = set()  # logged with logger=False: not in Trainer.test's results
+        self.batch: Any = None  # the batch of the running step; None in epoch hooks
+        self._epoch: dict[str, tuple[torch.Tensor, torch.Tensor] | Metric] = {}
 
     def start_epoch(self) -> None:
         self._epoch = {}
 
     def end_epoch(self) -> None:
-        self.metrics.update({k: float(total / count) for k, (total, count) in self._epoch.items()})
+        for name, value in self._epoch.items():
+            if isinstance(value, Metric):
+                self.metrics[name] = float(value.compute())
+                value.reset()
+            else:
+                self.metrics[name] = float(value[0] / value[1])
 
     def log_dict(self, dictionary: Mapping[str, Any], **options: Any) -> None:
         for name, value in dictionary.items():
@@ -123,11 +165,17 @@ class _Logged:
         on_epoch: bool | None = None,
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
+        logger: bool | None = None,
         **_: Any,
     ) -> None:
         in_step = self.batch is not None
-        on_step = in_step if on_step is None else on_step
-        on_epoch = (not in_step) if on_epoch is None else on_epoch
+        on_step = (in_step and self.steps_log_on_step) if on_step is None else on_step
+        on_epoch = not on_step if on_epoch is None else on_epoch
+        if logger is False:
+            self.not_for_logger.add(name)
+        if isinstance(value, Metric) and on_epoch and not on_step:
+            self._epoch[name] = value
+            return
         if (
             not isinstance(value, (torch.Tensor, float, int))
             or on_step == on_epoch
@@ -186,7 +234,7 @@ class FabricFit:
             the outcome, or ``None`` when the module logged in a form only the ``Trainer`` reduces (see
             :class:`_Logged`): the caller trains the client again on the ``Trainer``.
         """
-        logged = _Logged()
+        logged = _Logged(steps_log_on_step=True)
         model.trainer = None  # no stale Trainer of an earlier fit answers self.trainer / self.current_epoch
         _, optimizer = self.fabric.setup(model, model.configure_optimizers(), move_to_device=False)
         model.log, model.log_dict = logged.log, logged.log_dict  # instance attributes shadow the methods
@@ -228,3 +276,38 @@ class _Closure:
         if loss is not None:
             self.fabric.backward(loss)
         return loss
+
+
+def lean_test(model: L.LightningModule, loader: Iterable[Any]) -> dict[str, float] | None:
+    """``Trainer.test(model, loader)[0]`` without the ``Trainer``, for a model that overrides no test hook but
+    ``test_step`` and the test epoch hooks (see :func:`model_needs_trainer`; the caller checks the options).
+
+    As ``Trainer.test`` does: every module in eval mode under ``torch.inference_mode``, ``on_test_epoch_start``,
+    ``test_step`` per batch, ``on_test_epoch_end``, logged values reduced as the ``Trainer`` would (see
+    :class:`_Logged`), then each module's training mode restored.
+
+    Returns:
+        the logged metrics, or ``None`` when the model logged in a form only the ``Trainer`` reduces.
+    """
+    logged = _Logged(steps_log_on_step=False)
+    modes = [(module, module.training) for module in model.modules()]
+    model.trainer = None
+    model.log, model.log_dict = logged.log, logged.log_dict
+    model.eval()
+    try:
+        with torch.inference_mode():
+            logged.start_epoch()
+            model.on_test_epoch_start()
+            for batch_idx, batch in enumerate(loader):
+                logged.batch = batch
+                model.test_step(batch, batch_idx)
+                logged.batch = None
+            model.on_test_epoch_end()
+            logged.end_epoch()
+    finally:
+        del model.log, model.log_dict
+        for module, training in modes:
+            module.training = training
+    if logged.unsupported:
+        return None
+    return {k: v for k, v in logged.metrics.items() if k not in logged.not_for_logger}

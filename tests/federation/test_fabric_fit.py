@@ -14,6 +14,9 @@ from torchmetrics.classification import MulticlassAccuracy
 from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedCDP, KeyLocks
+from lightning_fl.federation.evaluation import Evaluator
+from lightning_fl.federation.fabric_fit import lean_test
+from lightning_fl.federation.trainers import build_trainer, quiet_lightning, trainer_options
 from lightning_fl.private import public_state
 from tests.conftest import make_classifier
 from tests.federation.user_model import UserNet
@@ -145,3 +148,25 @@ def test_the_fabric_fit_leaves_no_fabric_or_logging_hooks_on_the_model(tmp_path:
     assert paths[0][0] == "fabric" and worker.fabric is None
     assert "log" not in vars(worker) and "log_dict" not in vars(worker)
     assert isinstance(worker, L.LightningModule)
+
+
+@pytest.mark.parametrize("model_fn", [make_classifier, lambda dm: UserNet()], ids=["classifier", "user"])
+def test_the_lean_test_gives_the_trainers_metrics_and_restores_the_training_mode(model_fn) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16, batch_size=32, seed=0)
+    dm.setup()
+    torch.manual_seed(0)
+    model = model_fn(dm)
+    model.backbone.eval() if hasattr(model, "backbone") else model.head.eval()  # a mixed mode, to be restored
+    modes = [m.training for m in model.modules()]
+    evaluator = Evaluator(trainer_options(None), metric="test_acc" if hasattr(model, "backbone") else "acc")
+    lean = evaluator.test(model, dm.test_dataloader())
+    assert [m.training for m in model.modules()] == modes
+    evaluator.lean = False
+    assert lean == evaluator.test(model, dm.test_dataloader())
+    assert lean_test(model, dm.test_dataloader()) == trainer_results(model, dm.test_dataloader())
+
+
+def trainer_results(model: L.LightningModule, loader) -> dict[str, float]:
+    with quiet_lightning():
+        results = build_trainer(trainer_options(None)).test(model, dataloaders=loader, verbose=False)[0]
+    return {k: float(v) for k, v in results.items()}
