@@ -121,17 +121,7 @@ class Evaluator:
 
     def test(self, model: L.LightningModule, loader: Iterable[Any]) -> float:
         """``metric`` of ``model`` on ``loader``."""
-        kind = type(model)
-        if kind not in self._needs_trainer:
-            reason = options_need_trainer(self.options, ()) or model_needs_trainer(model, stage="test")
-            self._needs_trainer[kind] = bool(reason)
-        results = lean_test(model, loader) if self.lean and not self._needs_trainer[kind] else None
-        if results is None:  # the Trainer's test (a model that logs in a form only the Trainer reduces, from now on)
-            self._needs_trainer[kind] = True
-            with quiet_lightning():
-                if self._trainer is None:
-                    self._trainer = build_trainer(self.options)
-                results = self._trainer.test(model, dataloaders=loader, verbose=False)[0]
+        results = self._results(model, loader)
         return logged_metric(
             results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
         )
@@ -142,10 +132,28 @@ class Evaluator:
         Raises:
             KeyError: naming ``loop.eval_metric`` and what was logged.
         """
+        results = self._results(model, loader, one_batch=True)
+        logged_metric(results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+
+    def _results(self, model: L.LightningModule, loader: Iterable[Any], *, one_batch: bool = False) -> dict[str, Any]:
+        """What ``Trainer.test(model, loader)`` returns (on the first batch only with ``one_batch``), by
+        :func:`lean_test` where it gives the same."""
+        kind = type(model)
+        if kind not in self._needs_trainer:
+            reason = options_need_trainer(self.options, ()) or model_needs_trainer(model, stage="test")
+            self._needs_trainer[kind] = bool(reason)
+        lean = self.lean and not self._needs_trainer[kind]
+        results = lean_test(model, [next(iter(loader))] if one_batch else loader) if lean else None
+        if results is not None:
+            return results
+        self._needs_trainer[kind] = True  # e.g. it logs in a form only the Trainer reduces: from now on
         with quiet_lightning():
-            trainer = build_trainer({**self.options, "limit_test_batches": 1})
-            results = trainer.test(model, dataloaders=loader, verbose=False)
-        logged_metric(results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+            if one_batch:
+                trainer = build_trainer({**self.options, "limit_test_batches": 1})
+                return trainer.test(model, dataloaders=loader, verbose=False)[0]
+            if self._trainer is None:
+                self._trainer = build_trainer(self.options)
+            return self._trainer.test(model, dataloaders=loader, verbose=False)[0]
 
     def evaluate(
         self,
