@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import numpy as np
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -103,6 +104,9 @@ class Evaluator:
         lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
             options, without a ``Trainer`` (:func:`~lightning_fl.federation.fabric_fit.lean_test`: the same metrics,
             without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
+        threads: torch threads for evaluation (``None``: as set). The loop sets it to ``loop.workers`` while its
+            worker processes wait between rounds, so the evaluation in the loop's process, during which the workers
+            are idle, uses their cores instead of running serially on one.
     """
 
     def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):
@@ -112,6 +116,7 @@ class Evaluator:
             raise ValueError(f"loop.eval_on={on!r} is unknown; use 'global' or 'clients'.")
         self.options, self.every, self.on, self.metric = options, every, on, metric
         self.lean = True
+        self.threads: int | None = None
         self._trainer: L.Trainer | None = None
         self._needs_trainer: dict[type, bool] = {}
 
@@ -121,7 +126,12 @@ class Evaluator:
 
     def test(self, model: L.LightningModule, loader: Iterable[Any]) -> float:
         """``metric`` of ``model`` on ``loader``."""
-        results = self._results(model, loader)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads or threads)
+        try:
+            results = self._results(model, loader)
+        finally:
+            torch.set_num_threads(threads)
         return logged_metric(
             results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
         )
