@@ -96,7 +96,14 @@ def _job_report(log_dir: str) -> str:
 
 
 def run_workers(
-    workers: int, *, rounds: int, clients: int, per_round: int, backbone: str, backend: str = "processes"
+    workers: int,
+    *,
+    rounds: int,
+    clients: int,
+    per_round: int,
+    backbone: str,
+    backend: str = "processes",
+    eval_threads: int | None = None,
 ) -> dict:
     dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
     torch.manual_seed(0)
@@ -114,6 +121,7 @@ def run_workers(
             workers=workers,
             backend=backend,
         )
+        loop.evaluator.threads = eval_threads if workers > 1 else None
         phases: dict[str, list[float]] = {}
         originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
         originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
@@ -135,7 +143,10 @@ def run_workers(
                 setattr(owner, name, original)
         wall, cpu, own = time.perf_counter() - wall, _cpu_seconds() - cpu, time.process_time() - own
         report = _job_report(job_logs)
-    print(f"workers={workers} ({backend}): wall {wall:.2f} s, CPU all processes {cpu:.2f} s, loop process {own:.2f} s")
+    print(
+        f"workers={workers} ({backend}, evaluation threads {loop.evaluator.threads or 1}): wall {wall:.2f} s, "
+        f"CPU all processes {cpu:.2f} s, loop process {own:.2f} s"
+    )
     for name, (c, w) in phases.items():
         print(f"    {name}: CPU {c:.2f} s, wall {w:.2f} s")
     if report:
@@ -213,6 +224,7 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
+    parser.add_argument("--eval-threads", type=int, default=None, help="torch threads of the evaluation, workers > 1")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.section == "ddp":
@@ -225,7 +237,14 @@ def main() -> None:
         run_memory(clients=args.clients, per_round=args.per_round, backbone=args.backbone)
         return
     rows = [
-        run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        run_workers(
+            w,
+            rounds=args.rounds,
+            clients=args.clients,
+            per_round=args.per_round,
+            backbone=args.backbone,
+            eval_threads=args.eval_threads,
+        )
         for w in args.workers
     ]
     if args.ray:

@@ -82,12 +82,11 @@ class ClientRound:
             loop.pool = RayPool(loop.runner, loop.workers)
         else:
             loop.pool = WorkerPool(loop.runner, loop.workers)
-            loop.evaluator.threads = loop.workers  # the workers' cores evaluate while they wait between rounds
         try:
             yield
         finally:
             loop.pool.close()
-            loop.pool, loop.evaluator.threads = None, None
+            loop.pool = None
 
     def _train(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
         """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
