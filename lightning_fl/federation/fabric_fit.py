@@ -51,7 +51,9 @@ _NOT_IN_TEST = (
     "configure_optimizers",
     "optimizer",
     "backward",
-    "on_before",
+    "on_before_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
     "on_after_backward",
     "lr_scheduler",
     "configure_gradient_clipping",
@@ -60,7 +62,7 @@ _NOT_IN_TEST = (
     "toggle_optimizer",
     "untoggle",
 )
-"""Prefixes of methods ``Trainer.test`` never calls."""
+"""Prefixes of methods ``Trainer.test`` never calls (it does call the batch-transfer hooks, so those count)."""
 
 _PLAIN_OPTIONS = {**QUIET_TRAINER, "accelerator": "cpu", "devices": 1}
 

@@ -15,7 +15,7 @@ from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedCDP, KeyLocks
 from lightning_fl.federation.evaluation import Evaluator
-from lightning_fl.federation.fabric_fit import lean_test
+from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning, trainer_options
 from lightning_fl.private import public_state
 from tests.conftest import make_classifier
@@ -170,3 +170,13 @@ def trainer_results(model: L.LightningModule, loader) -> dict[str, float]:
     with quiet_lightning():
         results = build_trainer(trainer_options(None)).test(model, dataloaders=loader, verbose=False)[0]
     return {k: float(v) for k, v in results.items()}
+
+
+def test_a_batch_transfer_hook_keeps_the_trainer_for_fit_and_test() -> None:
+    class Shifted(UserNet):
+        def on_before_batch_transfer(self, batch, dataloader_idx: int):
+            return batch[0] + 1, batch[1]
+
+    assert "on_before_batch_transfer" in model_needs_trainer(Shifted(), stage="fit")
+    assert "on_before_batch_transfer" in model_needs_trainer(Shifted(), stage="test")
+    assert model_needs_trainer(UserNet(), stage="test") is None
