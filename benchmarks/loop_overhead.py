@@ -3,15 +3,18 @@
 Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected clients, Adam lr 2e-3,
 3 local epochs, batch 32, global test evaluation every round. Prints the CPU time of each (this process,
 one thread: robust to other load on the machine), the wall time, the ratios, and where the extra time of the
-Lightning loop goes (Trainer construction, fit, evaluation).
+Lightning loop goes (Trainer construction, fit, evaluation, writing and plotting at the end) and which inner fit
+the clients ran (plain clients: Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, the loop
+before issue #12).
 
-    .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3
+    .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 [--inner-fit trainer]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
@@ -31,7 +34,7 @@ def build(dm: FederatedDataModule) -> ImageClassifier:
 
 
 def run_lightning(
-    dm: FederatedDataModule, rounds: int, out: str
+    dm: FederatedDataModule, rounds: int, out: str, inner_fit: str = "auto"
 ) -> tuple[tuple[float, float], float, dict[str, float]]:
     loop = FederatedLoop(
         build(dm),
@@ -43,7 +46,10 @@ def run_lightning(
         progress_bar=False,
         checkpoint=False,
     )
-    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0}
+    loop.runner.inner_fit = inner_fit
+    loop.evaluator.lean = inner_fit != "trainer"
+    print(f"inner fit: {loop.runner.inner_fit_for()}")
+    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0, "finalize": 0.0}
     make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop.evaluate
 
     def timed(name, fn):
@@ -61,6 +67,7 @@ def run_lightning(
         timed("fit", fit_client),
         timed("evaluate", evaluate),
     )
+    loop.recorder.finalize = timed("finalize", loop.recorder.finalize)
     start = time.perf_counter(), time.process_time()
     try:
         summary = loop.fit()
@@ -115,6 +122,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backbone", default="lenet_dlg", help="a backbone name, e.g. resnet20 for heavier steps")
+    parser.add_argument("--inner-fit", default="auto", choices=["auto", "trainer"], help="trainer: the pre-#12 loop")
     args = parser.parse_args()
     global BACKBONE
     BACKBONE = args.backbone
@@ -128,7 +136,7 @@ def main() -> None:
         schedule.append(probe.selector.select(probe.round_context()))
     ours, plain, parts_all = [], [], []
     for i in range(args.repeats):
-        t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}")
+        t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}", args.inner_fit)
         ours.append(t)
         parts_all.append(parts)
         t, acc_p = run_plain(dm, args.rounds, schedule)
@@ -143,6 +151,7 @@ def main() -> None:
     print("FederatedLoop CPU time by part:")
     for name in parts_all[0]:
         print(f"  {name}: {statistics.median(pp[name] for pp in parts_all) / fits * 1e3:.1f} ms per client fit")
+    print(f"load average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

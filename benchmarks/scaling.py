@@ -4,7 +4,9 @@ Section ``workers`` (issue #12 (b)): a cross-device workload, ResNet-20 on ``dig
 (Dirichlet 0.5), 10 a round, 2 local epochs of Adam, batch 32, global test evaluation every round; the same
 seed for every worker count. Prints per setting the whole-run wall time, the CPU time of this process plus its
 (joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
-load average before the run, because wall time on a shared machine depends on it.
+load average before the run, because wall time on a shared machine depends on it; and where the time goes: the
+loop process's phases (evaluation, server round, packing jobs and waiting for the pool, unpacking results) and,
+per round, each worker's busy time against the round's span (imbalance of the greedy schedule).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 [--ray]
 
@@ -35,6 +37,7 @@ import time
 import torch
 
 from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl.federation import workers as workers_module
 
 
 def _cpu_seconds() -> float:
@@ -42,8 +45,69 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _timed(owner: object, name: str, phases: dict[str, list[float]], key: str | None = None) -> None:
+    """Wrap ``owner.name`` so that each call adds its (CPU s, wall s) of this process to ``phases[key or name]``."""
+    fn, key = getattr(owner, name), key or name
+
+    def timed(*args, **kwargs):
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total = phases.setdefault(key, [0.0, 0.0])
+            total[0] += time.process_time() - cpu
+            total[1] += time.perf_counter() - wall
+
+    setattr(owner, name, timed)
+
+
+def _timed_jobs(log_dir: str) -> None:
+    """Make every worker process append ``pid round client cpu_s wall_start wall_end`` per client fit to a file."""
+    fit_job = workers_module.fit_job
+
+    def timed_fit_job(runner, task):
+        cpu, start = time.process_time(), time.time()
+        try:
+            return fit_job(runner, task)
+        finally:
+            with open(f"{log_dir}/jobs_{os.getpid()}.txt", "a") as f:
+                end = time.time()
+                f.write(f"{os.getpid()} {task.round_idx} {task.client_id} {time.process_time() - cpu} {start} {end}\n")
+
+    workers_module.fit_job = timed_fit_job
+
+
+def _job_report(log_dir: str) -> str:
+    """Per round: each worker's busy wall time, the round's span from first start to last end, and the balance."""
+    rows = []
+    for name in os.listdir(log_dir):
+        with open(f"{log_dir}/{name}") as f:
+            rows += [line.split() for line in f]
+    if not rows:
+        return ""
+    lines = []
+    for r in sorted({int(row[1]) for row in rows}):
+        mine = [row for row in rows if int(row[1]) == r]
+        busy: dict[str, float] = {}
+        for pid, _, _, _, start, end in mine:
+            busy[pid] = busy.get(pid, 0.0) + float(end) - float(start)
+        span = max(float(row[5]) for row in mine) - min(float(row[4]) for row in mine)
+        lines.append(
+            f"    round {r}: {len(mine)} fits, worker busy s {sorted(round(b, 2) for b in busy.values())}, "
+            f"span {span:.2f} s, fit CPU s {sum(float(row[3]) for row in mine):.2f}"
+        )
+    return "\n".join(lines)
+
+
 def run_workers(
-    workers: int, *, rounds: int, clients: int, per_round: int, backbone: str, backend: str = "processes"
+    workers: int,
+    *,
+    rounds: int,
+    clients: int,
+    per_round: int,
+    backbone: str,
+    backend: str = "processes",
+    eval_threads: int | None = None,
 ) -> dict:
     dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
     torch.manual_seed(0)
@@ -61,10 +125,36 @@ def run_workers(
             workers=workers,
             backend=backend,
         )
+        loop.evaluator.threads = eval_threads if workers > 1 else None
+        phases: dict[str, list[float]] = {}
+        originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
+        originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
+        _timed(loop, "evaluate", phases)
+        _timed(loop.server_round, "run", phases, "server round")
+        _timed(loop.runner, "fit", phases, "client fits here")
+        for name in ("job", "collect"):  # packing jobs, unpacking results (loop process)
+            _timed(workers_module, name, phases, f"workers.{name}")
+        _timed(workers_module.WorkerPool, "run", phases, "pool.run (pack + wait)")
+        job_logs = os.path.join(out, "jobs")
+        os.makedirs(job_logs)
+        _timed_jobs(job_logs)
         load = os.getloadavg()[0]
-        wall, cpu = time.perf_counter(), _cpu_seconds()
-        summary = loop.fit()
-        wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+        wall, cpu, own = time.perf_counter(), _cpu_seconds(), time.process_time()
+        try:
+            summary = loop.fit()
+        finally:
+            for owner, name, original in originals:
+                setattr(owner, name, original)
+        wall, cpu, own = time.perf_counter() - wall, _cpu_seconds() - cpu, time.process_time() - own
+        report = _job_report(job_logs)
+    print(
+        f"workers={workers} ({backend}, evaluation threads {loop.evaluator.threads or 1}): wall {wall:.2f} s, "
+        f"CPU all processes {cpu:.2f} s, loop process {own:.2f} s"
+    )
+    for name, (c, w) in phases.items():
+        print(f"    {name}: CPU {c:.2f} s, wall {w:.2f} s")
+    if report:
+        print(report)
     return {
         "workers": f"{workers} ({backend})",
         "wall": wall,
@@ -193,6 +283,7 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
+    parser.add_argument("--eval-threads", type=int, default=None, help="torch threads of the evaluation, workers > 1")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.section == "flower":
@@ -215,7 +306,14 @@ def main() -> None:
         run_memory(clients=args.clients, per_round=args.per_round, backbone=args.backbone)
         return
     rows = [
-        run_workers(w, rounds=args.rounds, clients=args.clients, per_round=args.per_round, backbone=args.backbone)
+        run_workers(
+            w,
+            rounds=args.rounds,
+            clients=args.clients,
+            per_round=args.per_round,
+            backbone=args.backbone,
+            eval_threads=args.eval_threads,
+        )
         for w in args.workers
     ]
     if args.ray:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lightning_fl.federation.contexts import ClientContext, ClientState, FederationSpec, derive_seed
+from lightning_fl.federation.fabric_fit import FabricFit, FitOutcome, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.failures import client_work
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate
@@ -51,6 +52,10 @@ class ClientRunner:
         spec: the run's shape (local epochs or steps, the master seed).
         trainer_options: options of each client's Trainer (see :func:`.trainers.trainer_options`).
         train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
+
+    Attributes:
+        inner_fit: ``"auto"`` trains plain clients on Lightning Fabric and the others on a ``Trainer`` (see
+            :meth:`inner_fit_for`); ``"trainer"`` trains every client on a ``Trainer``. Both give the same result.
     """
 
     def __init__(
@@ -68,6 +73,9 @@ class ClientRunner:
         self.states = [ClientState(k) for k in range(datamodule.num_clients)]
         self.initial_private = {k: v.detach().clone() for k, v in private_state(model).items()}
         self._worker: L.LightningModule | None = None
+        self.inner_fit = "auto"
+        self._fabric: FabricFit | None = None
+        self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
 
     @property
     def worker(self) -> L.LightningModule:
@@ -75,6 +83,10 @@ class ClientRunner:
         if self._worker is None:
             self._worker = copy.deepcopy(self.global_model)
         return self._worker
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (Ray actors) without the Fabric, which each process builds for itself."""
+        return {**self.__dict__, "_fabric": None}
 
     def context(self, round_ctx: Any, client_id: int) -> ClientContext:
         """The :class:`ClientContext` of ``client_id`` in the round ``round_ctx``."""
@@ -108,6 +120,17 @@ class ClientRunner:
         load_state_into(self.worker, public)
         load_state_into(self.worker, private)
 
+    def inner_fit_for(self, callbacks: Sequence[L.Callback] = ()) -> tuple[str, str | None]:
+        """Which inner fit trains a client with these Trainer ``callbacks``: ``("fabric", None)`` for a plain
+        client, else ``("trainer", reason)`` (client callbacks such as ``PerExampleDP`` or the gradient tap, a
+        ``loop.trainer`` option, a hook only the Trainer calls, or ``inner_fit="trainer"``)."""
+        if self.inner_fit == "trainer":
+            return "trainer", "inner_fit='trainer'"
+        if self._model_reason is None:
+            self._model_reason = model_needs_trainer(self.worker) or ""
+        reason = options_need_trainer(self.trainer_options, callbacks) or self._model_reason
+        return ("trainer", reason) if reason else ("fabric", None)
+
     def fit(
         self, ctx: ClientContext, received: dict[str, Tensor], *, callbacks: Sequence[L.Callback] = ()
     ) -> ClientUpdate:
@@ -117,23 +140,17 @@ class ClientRunner:
             ClientFailure: when the client's training raised (see :mod:`~lightning_fl.federation.failures`).
         """
         client_id, worker = ctx.client_id, self.worker
-        self.load_client(ctx, received)
-        fit_seed = ctx.seed("fit", client_id)
-        seed_all(fit_seed)
-        loader = self.datamodule.train_dataloader(client_id, seed=fit_seed)
-        steps = (
-            {"max_steps": self.local_steps, "max_epochs": -1} if self.local_steps else {"max_epochs": self.local_epochs}
-        )
-        with quiet_lightning():
-            trainer = build_trainer(self.trainer_options, callbacks=list(callbacks), **steps)
-            with client_work(client_id, "training"):
-                trainer.fit(worker, train_dataloaders=loader)
+        fabric = self.inner_fit_for(callbacks)[0] == "fabric"
+        outcome, loader = self._train(ctx, received, callbacks, fabric=fabric)
+        if outcome is None:  # it logged in a form only the Trainer reduces: this fit and every later one on it
+            self._model_reason = "it logs in a form only the Trainer reduces"
+            outcome, loader = self._train(ctx, received, callbacks, fabric=False)
         state = self.states[client_id]
         state.private = {k: v.detach().clone() for k, v in private_state(worker).items()}
         state.initialised = bool(state.private)
         local = public_state(worker)
-        loss = trainer.callback_metrics.get(self.train_loss_key)
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        loss = outcome.metrics.get(self.train_loss_key)
+        optimizer = outcome.optimizer
         return ClientUpdate(
             client_id=client_id,
             round_idx=ctx.round_idx,
@@ -141,13 +158,39 @@ class ClientRunner:
             num_samples=self.datamodule.num_train_samples(client_id),
             loss=float(loss) if loss is not None else math.nan,
             metadata={
-                "local_steps": int(trainer.global_step),
-                "local_epochs": int(trainer.current_epoch),
+                "local_steps": outcome.global_step,
+                "local_epochs": outcome.current_epoch,
                 "lr": optimizer.param_groups[0]["lr"] if optimizer is not None else None,
                 "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None,
                 "batch_size": getattr(loader, "batch_size", None),
             },
         )
+
+    def _train(
+        self, ctx: ClientContext, received: dict[str, Tensor], callbacks: Sequence[L.Callback], *, fabric: bool
+    ) -> tuple[FitOutcome | None, Any]:
+        """Load the client, seed its fit and train it on Fabric (``None``: this model needs the Trainer) or on a
+        fresh Lightning ``Trainer`` (any client; callbacks such as Opacus' need it); returns the outcome and loader."""
+        self.load_client(ctx, received)
+        fit_seed = ctx.seed("fit", ctx.client_id)
+        seed_all(fit_seed)
+        loader = self.datamodule.train_dataloader(ctx.client_id, seed=fit_seed)
+        steps = {"max_steps": self.local_steps or -1, "max_epochs": -1 if self.local_steps else self.local_epochs}
+        if fabric:
+            if self._fabric is None:
+                self._fabric = FabricFit()
+            with client_work(ctx.client_id, "training"):
+                return self._fabric.fit(self.worker, loader, **steps), loader
+        with quiet_lightning():
+            trainer = build_trainer(self.trainer_options, callbacks=list(callbacks), **steps)
+            with client_work(ctx.client_id, "training"):
+                trainer.fit(self.worker, train_dataloaders=loader)
+        return FitOutcome(
+            {k: float(v) for k, v in trainer.callback_metrics.items()},
+            int(trainer.global_step),
+            int(trainer.current_epoch),
+            trainer.optimizers[0] if trainer.optimizers else None,
+        ), loader
 
     def state_dicts(self, client_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Client-side storage of the clients in ``client_ids`` that hold anything."""

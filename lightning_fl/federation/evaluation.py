@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import numpy as np
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_fl.federation.contexts import ClientState
+from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.private import load_state_into
 
@@ -97,6 +99,15 @@ class Evaluator:
         on: ``global`` tests the global model; ``clients`` averages each trained client's own model
             (global public state + its private layers), as personalised defences need.
         metric: the name the model logs in ``test_step``.
+
+    Attributes:
+        lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
+            options, without a ``Trainer`` (:func:`~lightning_fl.federation.fabric_fit.lean_test`: the same metrics,
+            without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
+        threads: torch threads for evaluation (``None``: as set). With ``loop.workers`` N, N threads let the
+            evaluation in the loop's process, during which the workers are idle, use their cores; off by default: on
+            the shared 2-core machine it doubled the evaluation's CPU time (threads spinning under load), and a
+            quiet-machine measurement is still due (``benchmarks/scaling.py workers --eval-threads 2``).
     """
 
     def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):
@@ -105,7 +116,10 @@ class Evaluator:
         if on not in ("global", "clients"):
             raise ValueError(f"loop.eval_on={on!r} is unknown; use 'global' or 'clients'.")
         self.options, self.every, self.on, self.metric = options, every, on, metric
+        self.lean = True
+        self.threads: int | None = None
         self._trainer: L.Trainer | None = None
+        self._needs_trainer: dict[type, bool] = {}
 
     def due(self, round_idx: int, num_rounds: int) -> bool:
         """Whether round ``round_idx`` ends with an evaluation."""
@@ -113,12 +127,14 @@ class Evaluator:
 
     def test(self, model: L.LightningModule, loader: Iterable[Any]) -> float:
         """``metric`` of ``model`` on ``loader``."""
-        with quiet_lightning():
-            if self._trainer is None:
-                self._trainer = build_trainer(self.options)
-            results = self._trainer.test(model, dataloaders=loader, verbose=False)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads or threads)
+        try:
+            results = self._results(model, loader)
+        finally:
+            torch.set_num_threads(threads)
         return logged_metric(
-            results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
+            results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
         )
 
     def check_metric(self, model: L.LightningModule, loader: Iterable[Any]) -> None:
@@ -127,10 +143,28 @@ class Evaluator:
         Raises:
             KeyError: naming ``loop.eval_metric`` and what was logged.
         """
+        results = self._results(model, loader, one_batch=True)
+        logged_metric(results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+
+    def _results(self, model: L.LightningModule, loader: Iterable[Any], *, one_batch: bool = False) -> dict[str, Any]:
+        """What ``Trainer.test(model, loader)`` returns (on the first batch only with ``one_batch``), by
+        :func:`lean_test` where it gives the same."""
+        kind = type(model)
+        if kind not in self._needs_trainer:
+            reason = options_need_trainer(self.options, ()) or model_needs_trainer(model, stage="test")
+            self._needs_trainer[kind] = bool(reason)
+        lean = self.lean and not self._needs_trainer[kind]
+        results = lean_test(model, [next(iter(loader))] if one_batch else loader) if lean else None
+        if results is not None:
+            return results
+        self._needs_trainer[kind] = True  # e.g. it logs in a form only the Trainer reduces: from now on
         with quiet_lightning():
-            trainer = build_trainer({**self.options, "limit_test_batches": 1})
-            results = trainer.test(model, dataloaders=loader, verbose=False)
-        logged_metric(results[0], self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+            if one_batch:
+                trainer = build_trainer({**self.options, "limit_test_batches": 1})
+                return trainer.test(model, dataloaders=loader, verbose=False)[0]
+            if self._trainer is None:
+                self._trainer = build_trainer(self.options)
+            return self._trainer.test(model, dataloaders=loader, verbose=False)[0]
 
     def evaluate(
         self,

@@ -13,9 +13,9 @@ What crosses the process boundary, per client fit:
   state and the client's private state, which :meth:`WorkerPool.collect` hands to the client store (the
   loop's ``ClientState``), never to anything server-side. The worker forgets it after the fit.
 
-Tensors travel as ``torch.save`` bytes (no shared-memory files), and every random stream of a client fit
-derives from ``(seed, round, client)``, so the results equal ``workers=1`` for the same seed: bit for bit
-when each process uses the same number of torch threads (one, as here by default).
+Tensors travel as bytes (:func:`pack`: one flat buffer per dtype, no shared-memory files), and every random
+stream of a client fit derives from ``(seed, round, client)``, so the results equal ``workers=1`` for the same
+seed: bit for bit when each process uses the same number of torch threads (one, as here by default).
 
 Jobs are queued largest client first and each free worker takes the next one: greedy longest-processing-time
 list scheduling (Graham, 1969), within 4/3 of the best makespan.
@@ -23,7 +23,8 @@ list scheduling (Graham, 1969), within 4/3 of the best makespan.
 
 from __future__ import annotations
 
-import io
+import json
+import math
 import multiprocessing as mp
 import queue
 import traceback
@@ -49,15 +50,45 @@ __all__ = ["ClientJob", "ClientResult", "WorkerPool", "check_workers", "collect"
 
 
 def pack(state: dict[str, Tensor]) -> bytes:
-    """Tensors as ``torch.save`` bytes: by value through the pipe, no shared-memory file per tensor."""
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
-    return buffer.getvalue()
+    """Tensors by value as one byte string: a JSON header (name, dtype, shape) and one flat buffer per dtype.
+
+    A memory copy per dtype, not a pickled file per tensor: ``torch.save`` of a ResNet-20 state cost ~8 ms, four
+    times per client fit, ~9 % of a worker's CPU on the ResNet-20 workload. No shared-memory file per tensor.
+
+    Example:
+        >>> state = {"w": torch.arange(6.0).view(2, 3), "n": torch.tensor(3), "b": torch.ones(2, dtype=torch.bfloat16)}
+        >>> back = unpack(pack(state))
+        >>> all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in state.items())
+        True
+    """
+    tensors = {k: v.detach().cpu().contiguous().reshape(-1) for k, v in state.items()}
+    dtypes = sorted({str(t.dtype) for t in tensors.values()})
+    header = [[k, str(v.dtype), list(v.shape)] for k, v in state.items()]
+    blobs = [
+        torch.cat([t for t in tensors.values() if str(t.dtype) == d]).view(torch.uint8).numpy().tobytes()
+        for d in dtypes
+    ]
+    head = json.dumps({"tensors": header, "sizes": [len(b) for b in blobs]}).encode()
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
 
 
 def unpack(data: bytes) -> dict[str, Tensor]:
-    """The tensors of :func:`pack` (loaded with ``weights_only=True``)."""
-    return torch.load(io.BytesIO(data), weights_only=True)
+    """The tensors of :func:`pack` (only a JSON header is parsed: nothing in the bytes is executed)."""
+    size = int.from_bytes(data[:8], "little")
+    head = json.loads(data[8 : 8 + size])
+    dtypes = sorted({d for _, d, _ in head["tensors"]})
+    flat, offset = {}, 8 + size
+    for d, nbytes in zip(dtypes, head["sizes"], strict=True):
+        raw = torch.frombuffer(bytearray(data[offset : offset + nbytes]), dtype=torch.uint8) if nbytes else None
+        flat[d] = raw.view(getattr(torch, d.removeprefix("torch."))) if raw is not None else None
+        offset += nbytes
+    out, used = {}, dict.fromkeys(dtypes, 0)
+    for name, d, shape in head["tensors"]:
+        n = math.prod(shape)
+        dtype = getattr(torch, d.removeprefix("torch."))
+        out[name] = flat[d][used[d] : used[d] + n].view(shape) if n else torch.empty(shape, dtype=dtype)
+        used[d] += n
+    return out
 
 
 @dataclass(frozen=True)
