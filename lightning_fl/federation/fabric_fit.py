@@ -113,12 +113,37 @@ def model_needs_trainer(model: L.LightningModule, *, stage: str = "fit") -> str 
     hooks = _overridden_hooks(model)
     if hooks:
         return f"{type(model).__name__} overrides {hooks}"
+    reads = _reads_trainer_state(model)
+    if reads:
+        return reads
     try:
         optimizer = model.configure_optimizers()
     except Exception as error:  # e.g. it reads self.trainer, which only the Trainer path has
         return f"configure_optimizers needs the Trainer ({type(error).__name__}: {error})"
     if not isinstance(optimizer, torch.optim.Optimizer):
         return f"configure_optimizers returns {type(optimizer).__name__}, not one optimiser"
+    return None
+
+
+_TRAINER_STATE = ("current_epoch", "global_step", "self.trainer")
+"""What a module may read that only a ``Trainer`` fills in (Fabric leaves ``current_epoch``, ``global_step`` 0)."""
+
+
+def _reads_trainer_state(model: L.LightningModule) -> str | None:
+    """Which of the methods :class:`FabricFit` calls reads the ``Trainer``'s state in its source (one line), else
+    ``None``. A source check: code reached only through a helper method is not seen; ``loop.trainer`` options or
+    ``ClientRunner.inner_fit = "trainer"`` force the ``Trainer`` for such a module."""
+    for name in sorted(_CALLED - {"forward"}):
+        method = getattr(type(model), name, None)
+        if method is None or getattr(L.LightningModule, name, None) is method:
+            continue
+        try:
+            source = inspect.getsource(method)
+        except (OSError, TypeError):  # no source (built in a notebook cell, compiled): assume it reads nothing
+            continue
+        found = [token for token in _TRAINER_STATE if token in source]
+        if found:
+            return f"{type(model).__name__}.{name} reads {found}"
     return None
 
 

@@ -59,6 +59,13 @@ class _BatchHook(UserNet):
         """A hook only the Trainer calls."""
 
 
+class _EpochReader(UserNet):
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        """Warms up on its first epoch: reads a counter only the Trainer fills in (Fabric would leave it 0)."""
+        loss = super().training_step(batch, batch_idx)
+        return loss * 0.1 if self.current_epoch == 0 else loss
+
+
 class _Scheduled(UserNet):
     def configure_optimizers(self) -> dict:
         optimizer = torch.optim.SGD(self.parameters(), lr=self.lr)
@@ -132,10 +139,11 @@ def test_a_module_that_logs_what_only_the_trainer_reduces_is_trained_again_on_th
     [
         (lambda dm: _BatchHook(), {}, "overrides ['on_train_batch_start']"),
         (lambda dm: _Scheduled(), {}, "configure_optimizers returns dict"),
+        (lambda dm: _EpochReader(), {}, "_EpochReader.training_step reads ['current_epoch']"),
         (make_classifier, {"trainer": {"gradient_clip_val": 1.0}}, "loop.trainer sets ['gradient_clip_val']"),
         (make_classifier, {"defences": [FedCDP(noise_multiplier=0.5)]}, "client callbacks ['PerExampleDP']"),
     ],
-    ids=["trainer-hook", "scheduler", "trainer-option", "per-example-dp"],
+    ids=["trainer-hook", "scheduler", "reads-current-epoch", "trainer-option", "per-example-dp"],
 )
 def test_clients_that_need_the_trainer_keep_it_and_say_why(tmp_path: Path, model_fn, options, reason) -> None:
     _, updates, paths = _run(tmp_path, model_fn, "auto", local_steps=2, **options)
