@@ -107,6 +107,7 @@ def table2_cell(
     draws: int,
     image_size: int,
     alpha_fraction: float = 1.0,
+    clipping: str = "whole_update",
 ) -> dict[str, object]:
     """Baseline accuracy, PoGZ scores and mean accuracy per allocation and epsilon for one trained model."""
     dm = FederatedDataModule("digits", num_clients=1, partition="iid", image_size=image_size, val_fraction=0.2)
@@ -138,14 +139,14 @@ def table2_cell(
         model.load_state_dict(base)
         if placement == "once":
             alpha = alpha_fraction * float(state_norm(epoch_delta, p=1.0))
-            noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, generator)
+            noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, clipping, generator)
             model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in base.items()})
         else:
             alpha = alpha_fraction * sum(step_norms) / len(step_norms)
 
             def hook(before: dict[str, Tensor]) -> None:
                 step = {k: v for k, v in _delta(model, before).items() if k in params}
-                noisy = _noisy(step, scores, epsilon, alpha, allocation, generator)
+                noisy = _noisy(step, scores, epsilon, alpha, allocation, clipping, generator)
                 model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in before.items()})
 
             _epoch(model, train, seed=999, batch_size=32, step_hook=hook)
@@ -162,6 +163,7 @@ def _noisy(
     epsilon: float,
     alpha: float,
     allocation: str,
+    clipping: str,
     generator: torch.Generator,
 ) -> dict[str, Tensor]:
     """DPFL's upload (Alg. 2): L1 clip to alpha, Laplace noise of scale 2*eta*alpha / epsilon_i per layer."""
@@ -172,6 +174,7 @@ def _noisy(
         clip_bound=alpha,
         sensitivity=2 * ETA * alpha,
         allocation=allocation,
+        clipping=clipping,
         generator=generator,
     )
 

@@ -12,7 +12,7 @@ from torch import nn
 from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
-from lightning_fl.defences.dp.pogz import ALLOCATIONS
+from lightning_fl.defences.dp.pogz import ALLOCATIONS, dpfl_noisy_update
 from lightning_fl.transforms import ClientTransform
 from tests.conftest import make_classifier
 
@@ -67,6 +67,25 @@ def test_laplace_noise_per_layer_has_scale_sensitivity_over_layer_budget() -> No
     )
     assert noisy["a.weight"].abs().mean() == pytest.approx(2.0, rel=0.03)  # b = 1 / 0.5
     assert noisy["b.weight"].abs().mean() == pytest.approx(0.5, rel=0.03)  # b = 1 / 2
+
+
+def test_per_layer_clipping_bounds_each_layer_by_its_share_of_alpha_and_scales_its_noise() -> None:
+    """alpha 4 split by parameter count (1 : 3); layer a (L1 3.0 > 1.0) is clipped, b (L1 0.3 < 3.0) is not."""
+    delta = {"a.weight": torch.full((1,), 3.0), "b.weight": torch.full((3,), 0.1)}
+    scores = {"a": 0.5, "b": 0.5}
+    common = {"scores": scores, "epsilon": 2.0, "clip_bound": 4.0, "allocation": "even"}
+    clipped = dpfl_noisy_update(delta, sensitivity=0.0, clipping="per_layer", **common)
+    assert clipped["a.weight"].tolist() == [1.0] and clipped["b.weight"] == pytest.approx(torch.full((3,), 0.1))
+    whole = dpfl_noisy_update(delta, sensitivity=0.0, **common)  # Eq. 2: L1 3.3 < 4, nothing clipped
+    assert whole["a.weight"].tolist() == [3.0]
+    big = {"a.weight": torch.zeros(50_000), "b.weight": torch.zeros(150_000)}
+    noisy = dpfl_noisy_update(
+        big, sensitivity=1.0, clipping="per_layer", generator=torch.Generator().manual_seed(0), **common
+    )
+    assert noisy["a.weight"].abs().mean() == pytest.approx(0.25, rel=0.03)  # Delta f * 1/4 over epsilon_a = 1
+    assert noisy["b.weight"].abs().mean() == pytest.approx(0.75, rel=0.03)  # Delta f * 3/4 over epsilon_b = 1
+    with pytest.raises(ValueError, match="clipping"):
+        PoGZNoise(clipping="layerwise")
 
 
 def _dpfl_loop(tmp_path: Path, *transforms: ClientTransform, **kwargs) -> FederatedLoop:
