@@ -33,8 +33,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     """Parse ``argv`` with the defaults of ``parser`` replaced by the settings in its ``--config`` YAML file.
 
     Keys of the file that are not flags of ``parser`` are an error naming them (a typo would otherwise be ignored).
-    The parsed namespace keeps the file's content under ``config``'s path and ``settings`` (the whole mapping), so a
-    script can also read nested settings that are not flags.
+    Nested mappings in the file are not flags: the parsed namespace keeps the whole file as ``from_config``, so a
+    script reads them there.
     """
     known, _ = parser.parse_known_args(argv)
     settings = read_yaml(known.config)
@@ -44,7 +44,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         parser.error(f"{known.config}: unknown settings {unknown}; the flags are {sorted(flags - {'help'})}.")
     parser.set_defaults(**{k: v for k, v in settings.items() if k in flags})
     args = parser.parse_args(argv)
-    args.settings = settings
+    args.from_config = settings
     return args
 
 
