@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,9 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
 from lightning_fl.defences.dp.pogz import ALLOCATIONS, dpfl_noisy_update
 from lightning_fl.transforms import ClientTransform
-from tests.conftest import make_classifier
+from tests.conftest import load_benchmark, make_classifier
 
-# the Table II protocol lives in benchmarks/pogz_table2_sweep.py (loaded by path: `benchmarks` is also a
-# site-packages name)
-_path = Path(__file__).parents[2] / "benchmarks" / "pogz_table2_sweep.py"
-_spec = importlib.util.spec_from_file_location("pogz_table2_sweep", _path)
-table2 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table2)
+table2 = load_benchmark("pogz_table2_sweep")  # the Table II protocol
 
 
 def _known_net() -> nn.Sequential:
