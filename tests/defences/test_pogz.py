@@ -138,8 +138,9 @@ def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expect
     strict=True,
     reason="DPFL Table II direction (PoGZ 'w' > even 'wo' at equal epsilon) does not reproduce on digits: in every "
     "reading measured (paper's 2-conv sigmoid net, DLG LeNet, ReLU variant; noise once or per step; any alpha or "
-    "sensitivity, which only move epsilon) even allocation is ahead wherever accuracy is between chance and "
-    "baseline, because PoGZ gives the logit layer (PoGZ ~0.1) the least budget (docs/reproduction.md).",
+    "sensitivity, which only move epsilon; whole-update or per-layer clipping; 3 seeds) even allocation is ahead "
+    "wherever accuracy is between chance and baseline, because PoGZ gives the logit layer (PoGZ ~0.1) the least "
+    "budget (docs/reproduction.md).",
 )
 def test_pogz_allocation_beats_even_allocation_at_equal_epsilon() -> None:
     """Table II protocol (spec A.2.8) with the paper's MNIST network, at the epsilons where accuracy is informative."""
