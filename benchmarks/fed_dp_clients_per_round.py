@@ -52,7 +52,16 @@ def defence_options(name: str, cdp: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"--defences {name!r} is unknown; use none, fed_cdp, fed_sdp or fed_sdp_server.")
 
 
-def run(config: dict[str, Any], defence: str, *, clients: int, per_round: int, rounds: int, seed: int) -> list[dict]:
+def run(
+    config: dict[str, Any],
+    defence: str,
+    *,
+    clients: int,
+    per_round: int,
+    rounds: int,
+    seed: int,
+    local_epochs: int | None = None,
+) -> list[dict]:
     data = {**config["data"], "num_clients": clients, "seed": seed}
     dm = FederatedDataModule(data.pop("dataset"), **data)
     torch.manual_seed(seed)
@@ -61,7 +70,8 @@ def run(config: dict[str, Any], defence: str, *, clients: int, per_round: int, r
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=per_round, local_epochs=config["loop"]["local_epochs"],
+            model, dm, num_rounds=rounds, clients_per_round=per_round,
+            local_epochs=local_epochs or config["loop"]["local_epochs"],
             aggregator=instantiate(config["loop"]["aggregator"]), eval_every=max(1, rounds // 6), output_dir=out,
             progress_bar=False, checkpoint=False, seed=seed, **defence_options(defence, cdp),
         )  # fmt: skip
@@ -83,6 +93,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int)
     parser.add_argument("--per-round", type=int, nargs="+")
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--local-epochs", type=int, help="local epochs a round (default: the fit config's)")
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--out", type=Path)
     args = parse_args(parser)
@@ -98,7 +109,13 @@ def main() -> None:
             for per_round in args.per_round:
                 for defence in args.defences:
                     rows = run(
-                        config, defence, clients=args.clients, per_round=per_round, rounds=args.rounds, seed=seed
+                        config,
+                        defence,
+                        clients=args.clients,
+                        per_round=per_round,
+                        rounds=args.rounds,
+                        seed=seed,
+                        local_epochs=args.local_epochs,
                     )
                     common = {"defence": defence, "clients": args.clients, "per_round": per_round, "seed": seed}
                     writer.writerows({**common, **r} for r in rows)
