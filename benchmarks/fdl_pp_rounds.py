@@ -6,48 +6,49 @@ curve: 16x16 digits, 5 IID clients all every round, sigmoid DLG LeNet, Adam 2e-3
 passports, accuracy is the mean over clients of their own model (private layers stay local) after 10 steps of
 private fine-tuning, as in the table.
 
+Settings: ``configs/fdl_pp_rounds.yaml`` (``--config``; flags override it), which takes data, model, passport
+options and private fine-tuning from ``configs/fdl_pp_digits.yaml``.
+
 Writes ``<out>/curves.csv`` (setting, seed, round, test_accuracy, cpu_s) and prints one curve per run. Not in CI::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fdl_pp_rounds.py --rounds 30 --seeds 0 1
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fdl_pp_rounds.py --seeds 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
+from _config import instantiate, parse_args, read_yaml
 
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import Passports, PrivateFineTuning, apply_defences
+from lightning_fl.defences import apply_defences
 from lightning_fl.federation import FederatedLoop
 from lightning_fl.models import ImageClassifier
 
-IMAGE_SIZE = 16
-SETTINGS = {
-    "DL": 0,
-    "FDL-PP (conv 1)": 1,
-    "FDL-PP (convs 1-3)": 3,
-}
-"""Setting name -> number of passport convolutions (0: plain FedAvg)."""
 
-
-def run(passports: int, *, rounds: int, seed: int, every: int) -> tuple[list[tuple[int, float]], float]:
-    dm = FederatedDataModule("digits", num_clients=5, partition="iid", image_size=IMAGE_SIZE, batch_size=32, seed=seed)
+def run(
+    fit: dict[str, Any], args: argparse.Namespace, passports: int, *, seed: int
+) -> tuple[list[tuple[int, float]], float]:
+    """One run of the fit config with ``passports`` passport convolutions (0: plain FedAvg); accuracy per round."""
+    data = {**fit["data"], "batch_size": args.batch_size, "seed": seed}
+    dm = FederatedDataModule(data.pop("dataset"), **data)
     torch.manual_seed(seed)
-    defences = [Passports(num_convs=passports, passport_size=IMAGE_SIZE)] if passports else []
-    model = apply_defences(ImageClassifier("lenet_dlg", **dm.model_options), [copy.deepcopy(d) for d in defences])
+    defences = [instantiate(fit["defences"][0], num_convs=passports)] if passports else []
+    model = apply_defences(ImageClassifier(**{**fit["model"]["init_args"], **dm.model_options}), defences)
+    fine_tune = [instantiate(c) for c in fit["loop"]["client_callbacks"]] if passports else []
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=5, local_epochs=2,
-            client_callbacks=[PrivateFineTuning(steps=10)] if passports else [],
-            eval_on="clients" if passports else "global", eval_every=every, checkpoint=False, progress_bar=False,
+            model, dm, num_rounds=args.rounds, clients_per_round=args.clients_per_round,
+            local_epochs=args.local_epochs, client_callbacks=fine_tune,
+            eval_on="clients" if passports else "global", eval_every=args.every, checkpoint=False, progress_bar=False,
             output_dir=out, seed=seed,
         )  # fmt: skip
         start = time.process_time()
@@ -58,12 +59,21 @@ def run(passports: int, *, rounds: int, seed: int, every: int) -> tuple[list[tup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--every", type=int, default=5, help="evaluate every this many rounds")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
-    parser.add_argument("--out", type=Path, default=Path("runs/fdl_pp_rounds"))
-    args = parser.parse_args()
+    parser.add_argument("--config", type=Path, default=Path("configs/fdl_pp_rounds.yaml"), help="settings file")
+    parser.add_argument("--fit-config", type=Path, help="fit config for data, model, passports, fine-tuning")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--local-epochs", type=int)
+    parser.add_argument("--clients-per-round", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--every", type=int, help="evaluate every this many rounds")
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--settings", nargs="+", help="setting names (keys of the config's passports:)")
+    parser.add_argument("--out", type=Path)
+    args = parse_args(parser)
+    fit, passports = read_yaml(args.fit_config), args.from_config["passports"]
+    unknown = sorted(set(args.settings) - set(passports))
+    if unknown:
+        parser.error(f"--settings {unknown} unknown; the config's passports: names {sorted(passports)}.")
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "curves.csv"
     new_file = not csv_path.exists()
@@ -73,7 +83,7 @@ def main() -> None:
             writer.writeheader()
         for seed in args.seeds:
             for name in args.settings:
-                curve, cpu = run(SETTINGS[name], rounds=args.rounds, seed=seed, every=args.every)
+                curve, cpu = run(fit, args, passports[name], seed=seed)
                 writer.writerows(
                     {"setting": name, "seed": seed, "round": r, "test_accuracy": a, "cpu_s": round(cpu, 1)}
                     for r, a in curve

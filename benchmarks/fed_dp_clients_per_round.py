@@ -7,10 +7,11 @@ or by K_t (server-side Fed-SDP, one draw on the sum); the clipped signal does no
 that directly on the ``configs/fed_cdp_digits.yaml`` setting (shards of 2 classes, B = 5, one local epoch, SGD
 lr 0.05, uniform FedSGD-style average), varying only the number of clients and how many of them train per round.
 
-Writes ``<out>/curves.csv`` (defence, clients, per_round, round, test_accuracy, epsilon, cpu_s; appended as runs
-finish) and prints the final accuracy per row. Not run in CI::
+Settings: ``configs/fed_dp_clients_per_round.yaml`` (``--config``; flags override it), which names the fit config.
+Writes ``<out>/curves.csv`` (defence, clients, per_round, seed, round, test_accuracy, epsilon, cpu_s; appended as
+runs finish) and prints the final accuracy per row. Not run in CI::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fed_dp_clients_per_round.py --clients 20 --per-round 2 10 20
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fed_dp_clients_per_round.py --clients 20 --per-round 2 20
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
+from _config import instantiate, parse_args, read_yaml
 
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedCDP, FedSDP, FedSDPServerNoise
 from lightning_fl.federation import FederatedLoop
 from lightning_fl.models import ImageClassifier
-from lightning_fl.server import FedAvg
 
 FIELDS = ("defence", "clients", "per_round", "seed", "round", "test_accuracy", "epsilon", "cpu_s")
 
@@ -52,7 +52,16 @@ def defence_options(name: str, cdp: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"--defences {name!r} is unknown; use none, fed_cdp, fed_sdp or fed_sdp_server.")
 
 
-def run(config: dict[str, Any], defence: str, *, clients: int, per_round: int, rounds: int, seed: int) -> list[dict]:
+def run(
+    config: dict[str, Any],
+    defence: str,
+    *,
+    clients: int,
+    per_round: int,
+    rounds: int,
+    seed: int,
+    local_epochs: int | None = None,
+) -> list[dict]:
     data = {**config["data"], "num_clients": clients, "seed": seed}
     dm = FederatedDataModule(data.pop("dataset"), **data)
     torch.manual_seed(seed)
@@ -61,9 +70,10 @@ def run(config: dict[str, Any], defence: str, *, clients: int, per_round: int, r
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=per_round, local_epochs=config["loop"]["local_epochs"],
-            aggregator=FedAvg(weighted=False), eval_every=max(1, rounds // 6), output_dir=out, progress_bar=False,
-            checkpoint=False, seed=seed, **defence_options(defence, cdp),
+            model, dm, num_rounds=rounds, clients_per_round=per_round,
+            local_epochs=local_epochs or config["loop"]["local_epochs"],
+            aggregator=instantiate(config["loop"]["aggregator"]), eval_every=max(1, rounds // 6), output_dir=out,
+            progress_bar=False, checkpoint=False, seed=seed, **defence_options(defence, cdp),
         )  # fmt: skip
         start = time.process_time()
         history = loop.fit()["history"]
@@ -77,15 +87,17 @@ def run(config: dict[str, Any], defence: str, *, clients: int, per_round: int, r
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=Path("configs/fed_cdp_digits.yaml"))
-    parser.add_argument("--defences", nargs="+", default=["none", "fed_cdp", "fed_sdp_server"])
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--per-round", type=int, nargs="+", default=[2, 10, 20])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/fed_dp_clients_per_round"))
-    args = parser.parse_args()
-    config = yaml.safe_load(args.config.read_text())
+    parser.add_argument("--config", type=Path, default=Path("configs/fed_dp_clients_per_round.yaml"))
+    parser.add_argument("--fit-config", type=Path, help="fit config for data, model, aggregation and FedCDP")
+    parser.add_argument("--defences", nargs="+", help="none, fed_cdp, fed_sdp, fed_sdp_server")
+    parser.add_argument("--clients", type=int)
+    parser.add_argument("--per-round", type=int, nargs="+")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--local-epochs", type=int, help="local epochs a round (default: the fit config's)")
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--out", type=Path)
+    args = parse_args(parser)
+    config = read_yaml(args.fit_config)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "curves.csv"
     new_file = not csv_path.exists()
@@ -97,7 +109,13 @@ def main() -> None:
             for per_round in args.per_round:
                 for defence in args.defences:
                     rows = run(
-                        config, defence, clients=args.clients, per_round=per_round, rounds=args.rounds, seed=seed
+                        config,
+                        defence,
+                        clients=args.clients,
+                        per_round=per_round,
+                        rounds=args.rounds,
+                        seed=seed,
+                        local_epochs=args.local_epochs,
                     )
                     common = {"defence": defence, "clients": args.clients, "per_round": per_round, "seed": seed}
                     writer.writerows({**common, **r} for r in rows)

@@ -13,6 +13,10 @@ MNIST row used in our setting, and the clip bound alpha. This sweep measures the
   The sound Δf = 2α is the same curve at epsilon / η (b scales with Δf/ε), so one wide epsilon grid covers it;
   ``--alpha-fraction`` < 1 clips the update (signal and noise both shrink with alpha).
 
+* ``--clippings``: ``whole_update`` (Eq. 2: one L1 bound alpha, the same sensitivity for every layer, Theorem 1)
+  or ``per_layer`` (layer i clipped to alpha * n_i / n, its own sensitivity; ``PoGZNoise(clipping="per_layer")``).
+
+Settings: ``configs/pogz_table2_sweep.yaml`` (``--config``; flags override it).
 Mean test accuracy over ``--draws`` noise draws per cell, for ``--seeds`` training seeds. A few minutes on one
 CPU core; not run in CI::
 
@@ -26,8 +30,10 @@ import copy
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from _config import parse_args
 from torch import Tensor, nn
 
 from lightning_fl.datamodules import FederatedDataModule
@@ -36,7 +42,6 @@ from lightning_fl.models import LeNetDLG
 from lightning_fl.privacy import state_norm
 
 ETA = 0.01  # Adam lr of the paper (Sec. V-A), also the eta of the paper's sensitivity 2*eta*alpha
-EPSILONS = [0.5, 1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0]
 
 
 class _Standardise(nn.Module):
@@ -107,6 +112,7 @@ def table2_cell(
     draws: int,
     image_size: int,
     alpha_fraction: float = 1.0,
+    clipping: str = "whole_update",
 ) -> dict[str, object]:
     """Baseline accuracy, PoGZ scores and mean accuracy per allocation and epsilon for one trained model."""
     dm = FederatedDataModule("digits", num_clients=1, partition="iid", image_size=image_size, val_fraction=0.2)
@@ -138,14 +144,14 @@ def table2_cell(
         model.load_state_dict(base)
         if placement == "once":
             alpha = alpha_fraction * float(state_norm(epoch_delta, p=1.0))
-            noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, generator)
+            noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, clipping, generator)
             model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in base.items()})
         else:
             alpha = alpha_fraction * sum(step_norms) / len(step_norms)
 
             def hook(before: dict[str, Tensor]) -> None:
                 step = {k: v for k, v in _delta(model, before).items() if k in params}
-                noisy = _noisy(step, scores, epsilon, alpha, allocation, generator)
+                noisy = _noisy(step, scores, epsilon, alpha, allocation, clipping, generator)
                 model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in before.items()})
 
             _epoch(model, train, seed=999, batch_size=32, step_hook=hook)
@@ -162,6 +168,7 @@ def _noisy(
     epsilon: float,
     alpha: float,
     allocation: str,
+    clipping: str,
     generator: torch.Generator,
 ) -> dict[str, Tensor]:
     """DPFL's upload (Alg. 2): L1 clip to alpha, Laplace noise of scale 2*eta*alpha / epsilon_i per layer."""
@@ -172,40 +179,46 @@ def _noisy(
         clip_bound=alpha,
         sensitivity=2 * ETA * alpha,
         allocation=allocation,
+        clipping=clipping,
         generator=generator,
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", nargs="+", default=["dlg3", "paper2", "paper2_relu"])
-    parser.add_argument("--placements", nargs="+", default=["once", "per_step"])
-    parser.add_argument("--allocations", nargs="+", default=["pogz", "even"])
-    parser.add_argument("--epsilons", nargs="+", type=float, default=EPSILONS)
-    parser.add_argument("--seeds", type=int, default=2, help="training seeds (models) per reading")
-    parser.add_argument("--draws", type=int, default=3, help="noise draws per cell")
-    parser.add_argument("--image-size", type=int, default=16)
-    parser.add_argument("--alpha-fraction", type=float, default=1.0, help="alpha as a fraction of the update's L1 norm")
-    parser.add_argument("--out", default="runs/pogz_table2_sweep.json")
-    args = parser.parse_args()
-    start = time.perf_counter()
+    parser.add_argument("--config", type=Path, default=Path("configs/pogz_table2_sweep.yaml"), help="settings file")
+    parser.add_argument("--nets", nargs="+", help="dlg3, paper2, paper2_relu")
+    parser.add_argument("--placements", nargs="+", help="once, per_step")
+    parser.add_argument("--allocations", nargs="+", help="pogz, even, inverse")
+    parser.add_argument("--clippings", nargs="+", help="whole_update, per_layer")
+    parser.add_argument("--epsilons", nargs="+", type=float)
+    parser.add_argument("--seeds", type=int, help="training seeds (models) per reading")
+    parser.add_argument("--draws", type=int, help="noise draws per cell")
+    parser.add_argument("--image-size", type=int)
+    parser.add_argument("--alpha-fraction", type=float, help="alpha as a fraction of the update's L1 norm")
+    parser.add_argument("--out")
+    args = parse_args(parser)
+    start, cpu = time.perf_counter(), time.process_time()
     rows = []
     for net in args.nets:
         for placement in args.placements:
-            for seed in range(args.seeds):
-                cell = table2_cell(
-                    net=net,
-                    placement=placement,
-                    allocations=args.allocations,
-                    epsilons=args.epsilons,
-                    seed=seed,
-                    draws=args.draws,
-                    image_size=args.image_size,
-                    alpha_fraction=args.alpha_fraction,
-                )
-                rows.append({"net": net, "placement": placement, "seed": seed, **cell})
-                print(json.dumps(rows[-1]), flush=True)
+            for clipping in args.clippings:
+                for seed in range(args.seeds):
+                    cell = table2_cell(
+                        net=net,
+                        placement=placement,
+                        allocations=args.allocations,
+                        epsilons=args.epsilons,
+                        seed=seed,
+                        draws=args.draws,
+                        image_size=args.image_size,
+                        alpha_fraction=args.alpha_fraction,
+                        clipping=clipping,
+                    )
+                    rows.append({"net": net, "placement": placement, "clipping": clipping, "seed": seed, **cell})
+                    print(json.dumps(rows[-1]), flush=True)
     out = {"epsilons": args.epsilons, "rows": rows, "seconds": time.perf_counter() - start}
+    out["cpu_seconds"] = time.process_time() - cpu
     with open(args.out, "w") as handle:
         json.dump(out, handle, indent=2)
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
+from types import ModuleType
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -82,3 +86,18 @@ def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list
 def tiny_digits() -> FederatedDataModule:
     """4 clients of 16x16 digits, iid: fast enough for loop mechanics tests."""
     return FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=32, seed=0)
+
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` by path (opacus installs a ``benchmarks`` package that shadows the folder),
+    with its settings helper ``_config`` importable as the scripts expect when run as ``python benchmarks/x.py``."""
+    for module_name in ("_config", name):
+        if module_name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{module_name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+    return sys.modules[name]

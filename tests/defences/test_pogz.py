@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,16 +11,11 @@ from torch import nn
 from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PoGZNoise, allocate_budget, pogz_laplace_noise, pogz_scores
-from lightning_fl.defences.dp.pogz import ALLOCATIONS
+from lightning_fl.defences.dp.pogz import ALLOCATIONS, dpfl_noisy_update
 from lightning_fl.transforms import ClientTransform
-from tests.conftest import make_classifier
+from tests.conftest import load_benchmark, make_classifier
 
-# the Table II protocol lives in benchmarks/pogz_table2_sweep.py (loaded by path: `benchmarks` is also a
-# site-packages name)
-_path = Path(__file__).parents[2] / "benchmarks" / "pogz_table2_sweep.py"
-_spec = importlib.util.spec_from_file_location("pogz_table2_sweep", _path)
-table2 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table2)
+table2 = load_benchmark("pogz_table2_sweep")  # the Table II protocol
 
 
 def _known_net() -> nn.Sequential:
@@ -67,6 +61,25 @@ def test_laplace_noise_per_layer_has_scale_sensitivity_over_layer_budget() -> No
     )
     assert noisy["a.weight"].abs().mean() == pytest.approx(2.0, rel=0.03)  # b = 1 / 0.5
     assert noisy["b.weight"].abs().mean() == pytest.approx(0.5, rel=0.03)  # b = 1 / 2
+
+
+def test_per_layer_clipping_bounds_each_layer_by_its_share_of_alpha_and_scales_its_noise() -> None:
+    """alpha 4 split by parameter count (1 : 3); layer a (L1 3.0 > 1.0) is clipped, b (L1 0.3 < 3.0) is not."""
+    delta = {"a.weight": torch.full((1,), 3.0), "b.weight": torch.full((3,), 0.1)}
+    scores = {"a": 0.5, "b": 0.5}
+    common = {"scores": scores, "epsilon": 2.0, "clip_bound": 4.0, "allocation": "even"}
+    clipped = dpfl_noisy_update(delta, sensitivity=0.0, clipping="per_layer", **common)
+    assert clipped["a.weight"].tolist() == [1.0] and clipped["b.weight"] == pytest.approx(torch.full((3,), 0.1))
+    whole = dpfl_noisy_update(delta, sensitivity=0.0, **common)  # Eq. 2: L1 3.3 < 4, nothing clipped
+    assert whole["a.weight"].tolist() == [3.0]
+    big = {"a.weight": torch.zeros(50_000), "b.weight": torch.zeros(150_000)}
+    noisy = dpfl_noisy_update(
+        big, sensitivity=1.0, clipping="per_layer", generator=torch.Generator().manual_seed(0), **common
+    )
+    assert noisy["a.weight"].abs().mean() == pytest.approx(0.25, rel=0.03)  # Delta f * 1/4 over epsilon_a = 1
+    assert noisy["b.weight"].abs().mean() == pytest.approx(0.75, rel=0.03)  # Delta f * 3/4 over epsilon_b = 1
+    with pytest.raises(ValueError, match="clipping"):
+        PoGZNoise(clipping="layerwise")
 
 
 def _dpfl_loop(tmp_path: Path, *transforms: ClientTransform, **kwargs) -> FederatedLoop:
@@ -125,8 +138,9 @@ def test_sensitivity_forms_set_the_noise_scale(tmp_path: Path, mode: str, expect
     strict=True,
     reason="DPFL Table II direction (PoGZ 'w' > even 'wo' at equal epsilon) does not reproduce on digits: in every "
     "reading measured (paper's 2-conv sigmoid net, DLG LeNet, ReLU variant; noise once or per step; any alpha or "
-    "sensitivity, which only move epsilon) even allocation is ahead wherever accuracy is between chance and "
-    "baseline, because PoGZ gives the logit layer (PoGZ ~0.1) the least budget (docs/reproduction.md).",
+    "sensitivity, which only move epsilon; whole-update or per-layer clipping; 3 seeds) even allocation is ahead "
+    "wherever accuracy is between chance and baseline, because PoGZ gives the logit layer (PoGZ ~0.1) the least "
+    "budget (docs/reproduction.md).",
 )
 def test_pogz_allocation_beats_even_allocation_at_equal_epsilon() -> None:
     """Table II protocol (spec A.2.8) with the paper's MNIST network, at the epsilons where accuracy is informative."""

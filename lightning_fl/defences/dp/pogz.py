@@ -9,8 +9,10 @@ and adds Laplace noise of scale Delta f / epsilon_i to layer i (Eq. 4).
 The paper's formula quirks (spec A.2) are named options: ``sensitivity="two_eta_alpha"`` uses
 :math:`\\Delta f = 2\\eta\\alpha` as Theorem 1 states, ``"two_alpha"`` the sound :math:`2\\alpha` for an update
 clipped to L1 norm alpha; ``allocation="pogz"`` is Eq. 3 as written (more budget, so less noise, to layers
-with a higher PoGZ), although the contribution list says the opposite (``"inverse"``). The paper's forms are
-the defaults.
+with a higher PoGZ), although the contribution list says the opposite (``"inverse"``); ``clipping="whole_update"``
+is Eq. 2 (one L1 bound alpha on the whole update, so every layer's sensitivity is bounded by the same alpha, as
+Theorem 1's proof states), ``"per_layer"`` gives each layer its own share of alpha (in proportion to its number of
+parameters) and so its own, smaller sensitivity. The paper's forms are the defaults.
 """
 
 from __future__ import annotations
@@ -35,16 +37,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALLOCATIONS",
+    "CLIPPINGS",
     "Allocation",
+    "Clipping",
     "PoGZNoise",
     "allocate_budget",
     "dpfl_noisy_update",
+    "layer_clip_bounds",
     "pogz_laplace_noise",
     "pogz_scores",
 ]
 
 Allocation = Literal["pogz", "even", "inverse"]
 SensitivityMode = Literal["two_eta_alpha", "two_alpha"]
+Clipping = Literal["whole_update", "per_layer"]
+CLIPPINGS = ("whole_update", "per_layer")
 
 ALLOCATIONS = {
     "pogz": lambda scores: list(scores),
@@ -148,7 +155,7 @@ def pogz_laplace_noise(
     delta: dict[str, Tensor],
     *,
     layer_epsilons: dict[str, float],
-    sensitivity: float,
+    sensitivity: float | dict[str, float],
     generator: torch.Generator | None = None,
 ) -> dict[str, Tensor]:
     r"""Add Laplace noise :math:`\mathrm{Lap}(\Delta f/\epsilon_i)` to every parameter of layer i.
@@ -159,7 +166,7 @@ def pogz_laplace_noise(
     Args:
         delta: the clipped update, keyed by parameter name (``layer.weight``).
         layer_epsilons: :math:`\epsilon_i` per layer name.
-        sensitivity: :math:`\Delta f`.
+        sensitivity: :math:`\Delta f`, one for every layer (the paper) or one per layer name (:math:`\Delta f_i`).
         generator: random source.
 
     Example:
@@ -167,13 +174,35 @@ def pogz_laplace_noise(
         >>> noisy["fc.weight"]
         tensor([0., 0., 0., 0.])
     """
+    layers = list(layer_epsilons)
+
+    def scale(layer: str) -> float:
+        return (sensitivity[layer] if isinstance(sensitivity, dict) else sensitivity) / layer_epsilons[layer]
+
     return {
-        key: value
-        + laplace_noise(
-            value, scale=sensitivity / layer_epsilons[_layer_of(key, list(layer_epsilons))], generator=generator
-        )
+        key: value + laplace_noise(value, scale=scale(_layer_of(key, layers)), generator=generator)
         for key, value in delta.items()
     }
+
+
+def layer_clip_bounds(delta: dict[str, Tensor], layers: Sequence[str], *, clip_bound: float) -> dict[str, float]:
+    r"""Per-layer L1 bounds :math:`\alpha_i = \alpha\, n_i / n` (``clipping="per_layer"``): alpha split by layer size.
+
+    :math:`n_i` is the number of update coordinates of layer i and :math:`n` of all layers, so
+    :math:`\sum_i \alpha_i = \alpha`: an update with every layer inside its :math:`\alpha_i` also satisfies Eq. (2),
+    and layer i's sensitivity in Theorem 1's per-layer proof becomes :math:`2\eta\alpha_i` instead of
+    :math:`2\eta\alpha`. Not in the paper (which uses one alpha); the split does not depend on the client's data.
+
+    Example:
+        >>> layer_clip_bounds({"a.weight": torch.zeros(3), "a.bias": torch.zeros(1), "b.weight": torch.zeros(4)},
+        ...                   ["a", "b"], clip_bound=2.0)
+        {'a': 1.0, 'b': 1.0}
+    """
+    sizes = dict.fromkeys(layers, 0)
+    for key, value in delta.items():
+        sizes[_layer_of(key, layers)] += value.numel()
+    total = sum(sizes.values())
+    return {layer: clip_bound * n / total for layer, n in sizes.items()}
 
 
 def dpfl_noisy_update(
@@ -184,6 +213,7 @@ def dpfl_noisy_update(
     clip_bound: float,
     sensitivity: float,
     allocation: Allocation = "pogz",
+    clipping: Clipping = "whole_update",
     generator: torch.Generator | None = None,
 ) -> dict[str, Tensor]:
     r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip (Eq. 2), split epsilon (Eq. 3), per-layer Laplace (Eq. 4).
@@ -193,8 +223,11 @@ def dpfl_noisy_update(
         scores: PoGZ per layer (:func:`pogz_scores`); layers without parameters in ``delta`` are ignored.
         epsilon: the upload's budget.
         clip_bound: L1 bound :math:`\alpha`.
-        sensitivity: :math:`\Delta f` (:math:`2\eta\alpha` in the paper).
+        sensitivity: :math:`\Delta f` for the bound alpha (:math:`2\eta\alpha` in the paper).
         allocation: ``pogz``, ``even`` or ``inverse`` (see :data:`ALLOCATIONS`).
+        clipping: ``whole_update`` (Eq. 2: the whole update to alpha, every layer noised for sensitivity
+            :math:`\Delta f`) or ``per_layer`` (layer i to :math:`\alpha_i` of :func:`layer_clip_bounds`, noised for
+            :math:`\Delta f \cdot \alpha_i / \alpha`).
         generator: random source.
 
     Example:
@@ -203,12 +236,23 @@ def dpfl_noisy_update(
         >>> noisy["fc.weight"]
         tensor([ 1.5000, -0.5000])
     """
+    if clipping not in CLIPPINGS:
+        raise ValueError(f"clipping={clipping!r} is unknown; use one of {list(CLIPPINGS)}.")
     used = {k: v for k, v in scores.items() if any(key.startswith(f"{k}.") for key in delta)}
     budgets = allocate_budget(weights=ALLOCATIONS[allocation](list(used.values())), epsilon=epsilon)
+    if clipping == "whole_update":
+        clipped, layer_sensitivity = clip_state(delta, max_norm=clip_bound, p=1.0), sensitivity
+    else:
+        bounds = layer_clip_bounds(delta, list(used), clip_bound=clip_bound)
+        clipped = {}
+        for layer, bound in bounds.items():
+            part = {k: v for k, v in delta.items() if _layer_of(k, list(used)) == layer}
+            clipped |= clip_state(part, max_norm=bound, p=1.0)
+        layer_sensitivity = {layer: sensitivity * bound / clip_bound for layer, bound in bounds.items()}
     return pogz_laplace_noise(
-        clip_state(delta, max_norm=clip_bound, p=1.0),
+        clipped,
         layer_epsilons=dict(zip(used, budgets, strict=True)),
-        sensitivity=sensitivity,
+        sensitivity=layer_sensitivity,
         generator=generator,
     )
 
@@ -230,6 +274,8 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
             (:math:`2\alpha`, the sensitivity of an update clipped to L1 norm alpha).
         lr: :math:`\eta` of the ``two_eta_alpha`` sensitivity; ``None`` takes the client's learning rate from
             the update.
+        clipping: ``whole_update`` (Eq. 2, one bound alpha for the update) or ``per_layer`` (layer i clipped to
+            :math:`\alpha n_i / n` with its own sensitivity; not the paper's, see :func:`layer_clip_bounds`).
 
     Raises:
         ValueError: on a non-positive epsilon or clip bound, or an unknown option.
@@ -245,6 +291,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         allocation: Allocation = "pogz",
         sensitivity: SensitivityMode = "two_eta_alpha",
         lr: float | None = None,
+        clipping: Clipping = "whole_update",
     ) -> None:
         if epsilon <= 0:
             raise ValueError(f"PoGZNoise(epsilon={epsilon}) must be > 0.")
@@ -254,8 +301,10 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
             raise ValueError(f"PoGZNoise(allocation={allocation!r}) is unknown; use one of {sorted(ALLOCATIONS)}.")
         if sensitivity not in ("two_eta_alpha", "two_alpha"):
             raise ValueError(f"PoGZNoise(sensitivity={sensitivity!r}) is unknown; use 'two_eta_alpha' or 'two_alpha'.")
+        if clipping not in CLIPPINGS:
+            raise ValueError(f"PoGZNoise(clipping={clipping!r}) is unknown; use one of {list(CLIPPINGS)}.")
         self.epsilon, self.clip_bound, self.allocation = epsilon, clip_bound, allocation
-        self.sensitivity_mode, self.lr = sensitivity, lr
+        self.sensitivity_mode, self.lr, self.clipping = sensitivity, lr, clipping
         self._uploads: dict[int, int] = {}
 
     @override
@@ -289,6 +338,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
             clip_bound=self.clip_bound,
             sensitivity=self.sensitivity(update.metadata.get("lr")),
             allocation=self.allocation,
+            clipping=self.clipping,
             generator=ctx.rng("dpfl", update.client_id),
         )
         self._uploads[update.client_id] = self._uploads.get(update.client_id, 0) + 1
