@@ -118,6 +118,17 @@ class BatchedLBFGS:
             self._y, self._s = self._y[:, rows], self._s[:, rows]
             self._y_rho, self._s_rho = self._y_rho[:, rows], self._s_rho[:, rows]
 
+    def reset(self, rows: Tensor) -> None:
+        """Forget the step history of the rows in the boolean mask ``rows`` ``(R,)``: their next :meth:`step` is a
+        first step (a scaled gradient step) and their stored curvature pairs become no-ops. For a row moved to a
+        new point (a fresh start, or back to an earlier iterate) by its caller."""
+        self.n_iter = torch.where(rows.to(self.n_iter.device), 0, self.n_iter)
+        self.h_diag = torch.where(rows.to(self.h_diag.device), 1.0, self.h_diag)
+        if self._y_rho is not None:
+            kept = (~rows).to(self._y_rho)[None, :, None]
+            self._y_rho.mul_(kept)
+            self._s_rho.mul_(kept)
+
     @torch.no_grad()
     def step(self, grad: Tensor) -> Tensor:
         """Given the gradients ``(R, P)`` at the current iterates, return the update ``(R, P)`` to add to them."""
