@@ -261,21 +261,24 @@ class _Recovery:
     that the sigmoid network saturates, every gradient becomes exactly zero and no later iteration can leave
     (measured: pixels at 5e5 after the second step, gap flat ever after). Later, an unguarded step can also
     diverge after real progress. A restart is lost when its relative gradient distance is not finite, rose above
-    ``blow_up`` times its best, or its gradient vanished while the distance is above ``far`` (recovered images
-    sit far below it). A lost restart that had come below ``far`` goes back to its best iterate; the others are
-    re-drawn from the attack's seeded generator; either way its L-BFGS history is cleared.
+    ``blow_up`` times its best, or it stalled: its gradient vanished, or it did not move in an iteration (torch's
+    tolerances stop a row whose directional derivative is tiny). A lost restart whose best distance came below
+    ``near`` goes back to its best iterate; the others (a saturated start's best is the saturated point itself,
+    at 0.6-0.9) are re-drawn from the attack's seeded generator; either way its L-BFGS history is cleared.
     """
 
-    far, blow_up = 1e-3, 1e4
+    near, blow_up = 0.1, 1e4
 
     def __init__(self, variables: list[Tensor], *, vanished: float) -> None:
         self.vanished = vanished  # L-BFGS's tolerance_grad
         self.best = torch.full((len(variables[0]),), torch.inf, device=variables[0].device)
+        self.previous = self.best.clone()
         self.best_variables = [v.detach().clone() for v in variables]
 
     def keep(self, rows: Tensor) -> _Recovery:
         """The record of ``rows`` only (after ``keep_best_after``)."""
         self.best, self.best_variables = self.best[rows], [b[rows] for b in self.best_variables]
+        self.previous = self.previous[rows]
         return self
 
     def record(self, relative: Tensor, variables: list[Tensor]) -> None:
@@ -295,10 +298,12 @@ class _Recovery:
     ) -> None:
         """After the step: move every lost restart back to its best iterate or to a fresh start."""
         vanished = torch.stack([g.flatten(1).abs().amax(1) for g in grads]).amax(0) <= self.vanished
-        lost = ~relative.isfinite() | (relative > self.blow_up * self.best) | (vanished & (relative > self.far))
+        stalled = vanished | (relative == self.previous)
+        lost = ~relative.isfinite() | (relative > self.blow_up * self.best) | stalled
+        self.previous = relative
         if not bool(lost.any()):
             return
-        back = lost & (self.best <= self.far)
+        back = lost & (self.best <= self.near)
         fresh = lost & ~back
         with torch.no_grad():
             for v, best in zip(variables, self.best_variables, strict=True):
