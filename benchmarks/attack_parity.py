@@ -19,7 +19,8 @@ Images: centre crops of the ``photos`` data set's scikit-image photographs, whic
 (IG). Time: process CPU seconds with one torch thread: ``cpu_s`` for the whole run as its code runs it,
 ``cpu_to_success_s`` until PSNR first reached 30 dB (reference: checked after every ``step()``, checks not timed).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg idlg --classes 10 100 --images 5 --seeds 0 1``
+Settings: ``configs/attack_parity.yaml`` (``--config``); flags override them, e.g.
+``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg --classes 10 --seeds 0``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lightning_fl.attacks import DLGAttack, IDLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import total_variation
 from lightning_fl.attacks.metrics import psnr, ssim
 from lightning_fl.attacks.standalone import client_view, view_on
+from lightning_fl.bench.script_config import parse_with_config
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 from lightning_fl.models import LeNetDLG
@@ -286,17 +288,17 @@ def summarise(results: list[Result]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attacks", nargs="+", default=["dlg", "idlg"], choices=["dlg", "idlg", "ig"])
-    parser.add_argument("--classes", nargs="+", type=int, default=[10, 100], help="LeNet victims' class counts.")
-    parser.add_argument("--images", type=int, default=5, help="photos per victim (centre crops, in source order).")
-    parser.add_argument("--which", default="held_out", choices=["held_out", "tuning"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--ig-iterations", type=int, default=1000)
-    parser.add_argument("--ig-epochs", nargs="+", type=int, default=[0, 2], help="ResNet-18 training epochs.")
+    parser.add_argument("--attacks", nargs="+", choices=["dlg", "idlg", "ig"])
+    parser.add_argument("--classes", nargs="+", type=int, help="LeNet victims' class counts.")
+    parser.add_argument("--images", type=int, help="photos per victim (centre crops, in source order).")
+    parser.add_argument("--which", choices=["held_out", "tuning"])
+    parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--ig-iterations", type=int)
+    parser.add_argument("--ig-epochs", nargs="+", type=int, help="ResNet-18 training epochs.")
     parser.add_argument("--output", default=None, help="write all results as JSON here.")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
     parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
-    args = parser.parse_args()
+    args = parse_with_config(parser, "configs/attack_parity.yaml")
     global DEVICE
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
