@@ -33,7 +33,7 @@ def parse_with_config(
         >>> _ = parser.add_argument("--seeds", nargs="+", type=int)
         >>> _ = parser.add_argument("--images", type=int)
         >>> with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        ...     _ = f.write("seeds: [3, 4]\nimages: 2\n")
+        ...     _ = f.write("seeds: [3, 4]\\nimages: 2\\n")
         >>> args = parse_with_config(parser, f.name, ["--images", "7"])
         >>> args.seeds, args.images
         ([3, 4], 7)
