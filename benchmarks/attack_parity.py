@@ -227,9 +227,10 @@ def run_case(
     seed: int,
     ig_iterations: int,
     known: dict[tuple, Result],
+    reference: bool = True,
 ) -> list[Result]:
     """Reference and ours on one case; a reference result in ``known`` (same attack, victim, image and seed: the
-    reference is deterministic) is reused instead of rerun."""
+    reference is deterministic) is reused instead of rerun; ``reference=False`` runs ours only."""
     num_classes = int(net.fc.out_features) if hasattr(net, "fc") else 10
     label %= num_classes
     view = (
@@ -241,17 +242,17 @@ def run_case(
     results = []
     reuse = known.get((attack, victim_name, source, seed))
     if attack in ("dlg", "idlg"):
-        if reuse is None:
+        if reuse is None and reference:
             rec, recovered, info = reference_dlg(view, image, seed=seed, infer_label=attack == "idlg")
             reuse = _score(attack, "reference", victim_name, source, seed, rec, image, recovered == label, info)
-        results.append(reuse)
+        results += [reuse] if reuse is not None else []
         ours: Callable[..., object] = DLGAttack if attack == "dlg" else IDLGAttack
         engine = ours(progress_bar=False, seed=seed)
     else:
-        if reuse is None:
+        if reuse is None and reference:
             rec, info = reference_ig(view, image, seed=seed, iterations=ig_iterations, tv=1e-4)
             reuse = _score(attack, "reference", victim_name, source, seed, rec, image, True, info)
-        results.append(reuse)
+        results += [reuse] if reuse is not None else []
         engine = InvertingGradientsAttack(max_iterations=ig_iterations, restarts=1, progress_bar=False, seed=seed)
     start = _clock()
     reconstruction = engine.reconstruct(view)
@@ -297,6 +298,7 @@ def main() -> None:
     parser.add_argument("--ig-epochs", nargs="+", type=int, help="ResNet-18 training epochs.")
     parser.add_argument("--output", default=None, help="write all results as JSON here.")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
+    parser.add_argument("--no-reference", action="store_true", help="run ours only (compare with a saved run).")
     parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
     args = parse_with_config(parser, "configs/attack_parity.yaml")
     global DEVICE
@@ -320,7 +322,18 @@ def main() -> None:
             for source, image, label in crops:
                 for seed in args.seeds:
                     net = lenet_victim(classes, seed) if epochs is None else resnet_victim(classes, seed, epochs)
-                    for r in run_case(attack, victim_name, net, image, label, source, seed, args.ig_iterations, known):
+                    for r in run_case(
+                        attack,
+                        victim_name,
+                        net,
+                        image,
+                        label,
+                        source,
+                        seed,
+                        args.ig_iterations,
+                        known,
+                        not args.no_reference,
+                    ):
                         results.append(r)
                         print(json.dumps(asdict(r)), flush=True)
     print("SUMMARY")
