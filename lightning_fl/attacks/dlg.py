@@ -29,7 +29,8 @@ class DLGAttack(GradientMatchingAttack):
     4 random starts run batched for ``keep_best_after=100`` iterations, then only the one with the smallest
     gradient distance goes on (the paper's loop stalls at once on about a third of its seeds); the attack stops
     once the gradient distance is below ``stop_below`` times ``sum ||g||^2`` (about 32-42 dB on the LeNet)
-    instead of running its whole budget.
+    instead of running its whole budget; a restart that L-BFGS threw into the sigmoids' saturation (or that
+    diverged) is re-drawn or sent back to its best iterate (``recover_stalled``).
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart.
