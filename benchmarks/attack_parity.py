@@ -19,7 +19,8 @@ Images: centre crops of the ``photos`` data set's scikit-image photographs, whic
 (IG). Time: process CPU seconds with one torch thread: ``cpu_s`` for the whole run as its code runs it,
 ``cpu_to_success_s`` until PSNR first reached 30 dB (reference: checked after every ``step()``, checks not timed).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg idlg --classes 10 100 --images 5 --seeds 0 1``
+Settings: ``configs/attack_parity.yaml`` (``--config``); flags override them, e.g.
+``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg --classes 10 --seeds 0``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lightning_fl.attacks import DLGAttack, IDLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import total_variation
 from lightning_fl.attacks.metrics import psnr, ssim
 from lightning_fl.attacks.standalone import client_view, view_on
+from lightning_fl.bench.script_config import parse_with_config
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 from lightning_fl.models import LeNetDLG
@@ -225,9 +227,10 @@ def run_case(
     seed: int,
     ig_iterations: int,
     known: dict[tuple, Result],
+    reference: bool = True,
 ) -> list[Result]:
     """Reference and ours on one case; a reference result in ``known`` (same attack, victim, image and seed: the
-    reference is deterministic) is reused instead of rerun."""
+    reference is deterministic) is reused instead of rerun; ``reference=False`` runs ours only."""
     num_classes = int(net.fc.out_features) if hasattr(net, "fc") else 10
     label %= num_classes
     view = (
@@ -239,17 +242,17 @@ def run_case(
     results = []
     reuse = known.get((attack, victim_name, source, seed))
     if attack in ("dlg", "idlg"):
-        if reuse is None:
+        if reuse is None and reference:
             rec, recovered, info = reference_dlg(view, image, seed=seed, infer_label=attack == "idlg")
             reuse = _score(attack, "reference", victim_name, source, seed, rec, image, recovered == label, info)
-        results.append(reuse)
+        results += [reuse] if reuse is not None else []
         ours: Callable[..., object] = DLGAttack if attack == "dlg" else IDLGAttack
         engine = ours(progress_bar=False, seed=seed)
     else:
-        if reuse is None:
+        if reuse is None and reference:
             rec, info = reference_ig(view, image, seed=seed, iterations=ig_iterations, tv=1e-4)
             reuse = _score(attack, "reference", victim_name, source, seed, rec, image, True, info)
-        results.append(reuse)
+        results += [reuse] if reuse is not None else []
         engine = InvertingGradientsAttack(max_iterations=ig_iterations, restarts=1, progress_bar=False, seed=seed)
     start = _clock()
     reconstruction = engine.reconstruct(view)
@@ -286,17 +289,18 @@ def summarise(results: list[Result]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attacks", nargs="+", default=["dlg", "idlg"], choices=["dlg", "idlg", "ig"])
-    parser.add_argument("--classes", nargs="+", type=int, default=[10, 100], help="LeNet victims' class counts.")
-    parser.add_argument("--images", type=int, default=5, help="photos per victim (centre crops, in source order).")
-    parser.add_argument("--which", default="held_out", choices=["held_out", "tuning"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--ig-iterations", type=int, default=1000)
-    parser.add_argument("--ig-epochs", nargs="+", type=int, default=[0, 2], help="ResNet-18 training epochs.")
+    parser.add_argument("--attacks", nargs="+", choices=["dlg", "idlg", "ig"])
+    parser.add_argument("--classes", nargs="+", type=int, help="LeNet victims' class counts.")
+    parser.add_argument("--images", type=int, help="photos per victim (centre crops, in source order).")
+    parser.add_argument("--which", choices=["held_out", "tuning"])
+    parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--ig-iterations", type=int)
+    parser.add_argument("--ig-epochs", nargs="+", type=int, help="ResNet-18 training epochs.")
     parser.add_argument("--output", default=None, help="write all results as JSON here.")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
+    parser.add_argument("--no-reference", action="store_true", help="run ours only (compare with a saved run).")
     parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
-    args = parser.parse_args()
+    args = parse_with_config(parser, "configs/attack_parity.yaml")
     global DEVICE
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
@@ -318,7 +322,18 @@ def main() -> None:
             for source, image, label in crops:
                 for seed in args.seeds:
                     net = lenet_victim(classes, seed) if epochs is None else resnet_victim(classes, seed, epochs)
-                    for r in run_case(attack, victim_name, net, image, label, source, seed, args.ig_iterations, known):
+                    for r in run_case(
+                        attack,
+                        victim_name,
+                        net,
+                        image,
+                        label,
+                        source,
+                        seed,
+                        args.ig_iterations,
+                        known,
+                        not args.no_reference,
+                    ):
                         results.append(r)
                         print(json.dumps(asdict(r)), flush=True)
     print("SUMMARY")

@@ -7,7 +7,8 @@ GRNN ``iterations = --grnn-iterations`` with the thesis' LeNet settings (``confi
 A batch counts as recovered when every matched image has SSIM >= 0.6 (the FedKL code's ASR threshold; the thesis
 says "visually recognisable"). One process runs one (attack, data, B) cell, so cells can run in parallel.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/batch_recovery.py --attack dlg --data photos --batch-size 4``
+Settings: ``configs/batch_recovery.yaml`` (``--config``); flags override them, e.g.
+``OMP_NUM_THREADS=1 python benchmarks/batch_recovery.py --attack dlg --data photos --batch-size 4``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from lightning_fl.attacks import GRNN, DLGAttack, IDLGAttack
 from lightning_fl.attacks.metrics import match_reconstructions, psnr, ssim
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.bench.script_config import parse_with_config
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.models import ImageClassifier
 
@@ -46,13 +48,13 @@ def batch(data: str, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attack", choices=["dlg", "idlg", "grnn"], required=True)
-    parser.add_argument("--data", choices=["digits", "photos"], required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--iterations", type=int, default=6000)
-    parser.add_argument("--grnn-iterations", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    parser.add_argument("--attack", choices=["dlg", "idlg", "grnn"])
+    parser.add_argument("--data", choices=["digits", "photos"])
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--iterations", type=int, help="DLG/iDLG max_iterations.")
+    parser.add_argument("--grnn-iterations", type=int)
+    parser.add_argument("--seed", type=int)
+    args = parse_with_config(parser, "configs/batch_recovery.yaml")
     torch.set_num_threads(1)
     images, labels, channels = batch(args.data, args.batch_size, args.seed)
     torch.manual_seed(args.seed)

@@ -4,8 +4,8 @@
 tensor would share step sizes and curvature pairs between them. :class:`BatchedLBFGS` keeps one L-BFGS state per
 row and does what R separate ``torch.optim.LBFGS(params, lr=lr, max_iter=1, history_size=...,
 line_search_fn=None)`` instances do, one iteration (one objective evaluation) per :meth:`step`. The curvature
-pairs of all rows live in one ring of ``history_size`` slots, so the two-loop recursion costs one set of
-vector operations for all rows; the only difference from torch: a row that rejects a pair
+pairs of all rows live in one ring of ``history_size`` slots and the direction comes from the compact form of
+L-BFGS (a few matrix products for all rows); the only difference from torch: a row that rejects a pair
 (``y^T s <= 1e-10``) in a step where another row accepts one keeps a window one pair shorter.
 """
 
@@ -15,6 +15,12 @@ import torch
 from torch import Tensor
 
 __all__ = ["BatchedLBFGS"]
+
+
+def _products(ring: Tensor, vectors: Tensor) -> Tensor:
+    """``ring (R, H, P)`` times ``vectors (R, P)`` per row, ``(R, H)``; as row vectors times the transposed ring,
+    which CPU ``bmm`` runs about 14x faster than the matrix-vector form for R = 4 (measured)."""
+    return torch.bmm(vectors[:, None, :], ring.mT)[:, 0]
 
 
 class BatchedLBFGS:
@@ -64,48 +70,65 @@ class BatchedLBFGS:
         self.step_size = torch.zeros(num_rows)
         self.prev_grad: Tensor | None = None
         self.h_diag = torch.ones(num_rows)
-        # a ring of the last `history_size` accepted steps; a row that rejects a pair in a step where another row
-        # accepts one gets rho = 0 there (a no-op pair), so its window is one pair shorter than torch's
-        self._y: Tensor | None = None  # (H, R, P) curvature pairs y, s and their rho-scaled copies
+        # a ring of the last `history_size` steps, (R, H, P); a row that rejects a pair in a step where another row
+        # accepts one stores a zero pair there (a no-op), so its window is one pair shorter than torch's
+        self._y: Tensor | None = None
         self._s: Tensor | None = None
-        self._y_rho: Tensor | None = None
-        self._s_rho: Tensor | None = None
+        self._sy: Tensor | None = None  # (R, H, H): s_i^T y_j of the ring's slots
+        self._yy: Tensor | None = None  # (R, H, H): y_i^T y_j
         self._filled, self._next = 0, 0
 
     def _append_pairs(self, y: Tensor, s: Tensor, valid: Tensor) -> None:
         ys = (y * s).sum(1)
         if self._y is None:
-            shape = (self.history_size, *y.shape)
-            self._y, self._s = y.new_zeros(shape), y.new_zeros(shape)
-            self._y_rho, self._s_rho = y.new_zeros(shape), y.new_zeros(shape)
-        rho = torch.where(valid, 1.0 / torch.where(valid, ys, 1.0), 0.0)[:, None]
+            rows, size = y.shape
+            self._y, self._s = y.new_zeros(rows, self.history_size, size), y.new_zeros(rows, self.history_size, size)
+            self._sy = y.new_zeros(rows, self.history_size, self.history_size)
+            self._yy = torch.zeros_like(self._sy)
+        y, s = y * valid[:, None], s * valid[:, None]
         slot = self._next
-        self._y[slot], self._s[slot] = y, s
-        self._y_rho[slot], self._s_rho[slot] = y * rho, s * rho
+        self._y[:, slot], self._s[:, slot] = y, s
+        self._sy[:, slot, :] = _products(self._y, s)
+        self._sy[:, :, slot] = _products(self._s, y)
+        self._yy[:, slot, :] = self._yy[:, :, slot] = _products(self._y, y)
         self._next = (slot + 1) % self.history_size
         self._filled = min(self._filled + 1, self.history_size)
         self.h_diag = torch.where(valid, ys / torch.where(valid, (y * y).sum(1), 1.0), self.h_diag)
 
-    def _two_loop(self, grad: Tensor) -> Tensor:
-        """Nocedal & Wright Algorithm 7.4 per row, newest pair first in the first loop.
+    def _direction(self, grad: Tensor) -> Tensor:
+        """The L-BFGS direction ``-H grad`` per row: what the two-loop recursion of Nocedal & Wright (Algorithm 7.4)
+        computes, here in the compact form of Byrd, Nocedal & Schnabel (1994, Theorem 2.2),
 
-        The ring is unbound into per-slot views once per call, so each pair costs three small tensor operations
-        per loop (this recursion is most of an L-BFGS step's cost at DLG's problem sizes)."""
-        q = -grad
+        .. math:: H g = \\gamma g + S w - \\gamma Y u,\\quad u = R^{-1} S^T g,\\quad
+            w = R^{-T}\\big((D + \\gamma Y^T Y) u - \\gamma Y^T g\\big),
+
+        with :math:`R` the upper triangle of :math:`S^T Y` (pairs oldest first), :math:`D` its diagonal and
+        :math:`\\gamma` = ``h_diag``. :math:`S^T Y` and :math:`Y^T Y` grow by one row and column per pair, so a step
+        costs a few matrix-vector products and two small triangular solves instead of ~600 vector operations
+        (the recursion over 100 pairs). A zero (rejected) pair gets a unit diagonal in :math:`R`, which leaves it
+        out, as ``rho = 0`` does in the recursion."""
+        gamma = self.h_diag[:, None]
         if self._y is None:
-            return q * self.h_diag[:, None]
-        order = [(self._next - 1 - k) % self.history_size for k in range(self._filled)]
-        ys, ss = self._y.unbind(0), self._s.unbind(0)
-        ys_rho, ss_rho = self._y_rho.unbind(0), self._s_rho.unbind(0)
-        alphas = []
-        for slot in order:
-            alpha = torch.linalg.vecdot(ss_rho[slot], q).unsqueeze(1)
-            q = q.addcmul(alpha, ys[slot], value=-1)
-            alphas.append(alpha)
-        r = q * self.h_diag[:, None]
-        for slot, alpha in zip(reversed(order), reversed(alphas), strict=True):
-            r = r.addcmul(alpha - torch.linalg.vecdot(ys_rho[slot], r).unsqueeze(1), ss[slot])
-        return r
+            return -grad * gamma
+        # slots oldest first: the ring's first `filled` slots until it wraps, then rolled to start at the oldest
+        count, shift = self._filled, (self._next if self._filled == self.history_size else 0)
+
+        def chronological(ring: Tensor, dims: tuple[int, ...]) -> Tensor:
+            return ring.roll([-shift] * len(dims), dims) if shift else ring
+
+        sy = chronological(self._sy, (1, 2))[:, :count, :count]
+        diagonal = sy.diagonal(dim1=1, dim2=2)
+        upper = sy.triu(1) + torch.diag_embed(torch.where(diagonal == 0, 1.0, diagonal))
+        s_g = chronological(_products(self._s, grad), (1,))[:, :count, None]
+        y_g = chronological(_products(self._y, grad), (1,))[:, :count, None]
+        u = torch.linalg.solve_triangular(upper, s_g, upper=True)
+        yy = chronological(self._yy, (1, 2))[:, :count, :count]
+        rhs = diagonal[:, :, None] * u + gamma[:, :, None] * (torch.bmm(yy, u) - y_g)
+        w = torch.linalg.solve_triangular(upper.mT, rhs, upper=False)
+        # back to ring order: rolled back once wrapped, else the first `count` slots (the rest are zero)
+        w, u = (w.roll(shift, 1), u.roll(shift, 1)) if shift else (w, u)
+        h_g = gamma * grad + torch.bmm(w.mT, self._s[:, :count])[:, 0]
+        return -(h_g - gamma * torch.bmm(u.mT, self._y[:, :count])[:, 0])
 
     def keep(self, rows: Tensor) -> None:
         """Drop every row but ``rows`` (1-D indices), keeping their state: later :meth:`step` calls take
@@ -115,8 +138,18 @@ class BatchedLBFGS:
         if self.direction is not None:
             self.direction, self.prev_grad = self.direction[rows], self.prev_grad[rows]
         if self._y is not None:
-            self._y, self._s = self._y[:, rows], self._s[:, rows]
-            self._y_rho, self._s_rho = self._y_rho[:, rows], self._s_rho[:, rows]
+            self._y, self._s, self._sy, self._yy = self._y[rows], self._s[rows], self._sy[rows], self._yy[rows]
+
+    def reset(self, rows: Tensor) -> None:
+        """Forget the step history of the rows in the boolean mask ``rows`` ``(R,)``: their next :meth:`step` is a
+        first step (a scaled gradient step) and their stored curvature pairs become zero (no-op) pairs. For a row
+        moved to a new point (a fresh start, or back to an earlier iterate) by its caller."""
+        self.n_iter = torch.where(rows.to(self.n_iter.device), 0, self.n_iter)
+        self.h_diag = torch.where(rows.to(self.h_diag.device), 1.0, self.h_diag)
+        if self._y is not None:
+            kept = (~rows).to(self._y)
+            for ring in (self._y, self._s, self._sy, self._yy):
+                ring.mul_(kept.view(-1, *[1] * (ring.dim() - 1)))
 
     @torch.no_grad()
     def step(self, grad: Tensor) -> Tensor:
@@ -135,7 +168,7 @@ class BatchedLBFGS:
             valid = later & ((y * s).sum(1) > 1e-10)
             if valid.any():
                 self._append_pairs(y, s, valid)
-        direction = torch.where(first[:, None], -grad, self._two_loop(grad))
+        direction = torch.where(first[:, None], -grad, self._direction(grad))
         step_size = torch.where(
             first, torch.clamp(1.0 / grad.abs().sum(1), max=1.0) * self.lr, torch.full_like(self.step_size, self.lr)
         )

@@ -29,7 +29,8 @@ class DLGAttack(GradientMatchingAttack):
     4 random starts run batched for ``keep_best_after=100`` iterations, then only the one with the smallest
     gradient distance goes on (the paper's loop stalls at once on about a third of its seeds); the attack stops
     once the gradient distance is below ``stop_below`` times ``sum ||g||^2`` (about 32-42 dB on the LeNet)
-    instead of running its whole budget.
+    instead of running its whole budget; a restart that L-BFGS threw into the sigmoids' saturation (or that
+    diverged) is re-drawn or sent back to its best iterate (``recover_stalled``).
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart.
@@ -40,6 +41,9 @@ class DLGAttack(GradientMatchingAttack):
             30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
         keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
             ``None`` runs every restart to the end.
+        recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
+            solution) and send one that diverged after progress back to its best iterate (the paper's loop has
+            neither; docs/attacks.md "Natural photos").
         layers: ``fnmatch`` patterns of matched parameters (DPFL's partial-layer attack); ``None``: all.
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data and labels.
@@ -62,6 +66,7 @@ class DLGAttack(GradientMatchingAttack):
         layers: Sequence[str] | None = None,
         stop_below: float | None = 3e-8,
         keep_best_after: int | None = 100,
+        recover_stalled: bool = True,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -76,6 +81,7 @@ class DLGAttack(GradientMatchingAttack):
             layers=layers,
             stop_below=stop_below,
             keep_best_after=keep_best_after,
+            recover_stalled=recover_stalled,
             progress_bar=progress_bar,
             seed=seed,
         )

@@ -253,6 +253,68 @@ def _over_restarts(
     return single
 
 
+class _Recovery:
+    """Each L-BFGS restart's best iterate, and what happens to a restart the optimiser has lost.
+
+    L-BFGS without a line search (DLG's setting) scales its first quasi-Newton step by :math:`s^T y / y^T y`, which
+    is huge where the gradient barely changed along the first short step: the step throws the candidate so far
+    that the sigmoid network saturates, every gradient becomes exactly zero and no later iteration can leave
+    (measured: pixels at 5e5 after the second step, gap flat ever after). Later, an unguarded step can also
+    diverge after real progress. A restart is lost when its relative gradient distance is not finite, rose above
+    ``blow_up`` times its best, or it stalled: its gradient vanished, or it did not move in an iteration (torch's
+    tolerances stop a row whose directional derivative is tiny). A lost restart whose best distance came below
+    ``near`` goes back to its best iterate; the others (a saturated start's best is the saturated point itself,
+    at 0.6-0.9) are re-drawn from the attack's seeded generator; either way its L-BFGS history is cleared.
+    """
+
+    near, blow_up = 0.1, 1e4
+
+    def __init__(self, variables: list[Tensor], *, vanished: float) -> None:
+        self.vanished = vanished  # L-BFGS's tolerance_grad
+        self.best = torch.full((len(variables[0]),), torch.inf, device=variables[0].device)
+        self.previous = self.best.clone()
+        self.best_variables = [v.detach().clone() for v in variables]
+
+    def keep(self, rows: Tensor) -> _Recovery:
+        """The record of ``rows`` only (after ``keep_best_after``)."""
+        self.best, self.best_variables = self.best[rows], [b[rows] for b in self.best_variables]
+        self.previous = self.previous[rows]
+        return self
+
+    def record(self, relative: Tensor, variables: list[Tensor]) -> None:
+        """Note the iterate ``variables`` (before this iteration's step) where its distance ``relative`` is a best."""
+        improved = relative < self.best
+        self.best = torch.where(improved, relative, self.best)
+        for best, v in zip(self.best_variables, variables, strict=True):
+            best.copy_(torch.where(improved.view(-1, *[1] * (v.dim() - 1)), v.detach(), best))
+
+    def recover(
+        self,
+        relative: Tensor,
+        grads: Sequence[Tensor],
+        variables: list[Tensor],
+        redraw: Callable[[int], list[Tensor]],
+        reset: Callable[[Tensor], None],
+    ) -> None:
+        """After the step: move every lost restart back to its best iterate or to a fresh start."""
+        vanished = torch.stack([g.flatten(1).abs().amax(1) for g in grads]).amax(0) <= self.vanished
+        stalled = vanished | (relative == self.previous)
+        lost = ~relative.isfinite() | (relative > self.blow_up * self.best) | stalled
+        self.previous = relative
+        if not bool(lost.any()):
+            return
+        back = lost & (self.best <= self.near)
+        fresh = lost & ~back
+        with torch.no_grad():
+            for v, best in zip(variables, self.best_variables, strict=True):
+                v[back] = best[back]
+            if bool(fresh.any()):
+                for v, start in zip(variables, redraw(int(fresh.sum())), strict=True):
+                    v[fresh] = start
+        self.best = torch.where(fresh, torch.inf, self.best)
+        reset(lost)
+
+
 @dataclass(frozen=True)
 class MatchingState:
     """One iteration of :meth:`GradientMatchingAttack.iterate`, for every restart at once.
@@ -290,6 +352,8 @@ class MatchingProblem:
         variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
         gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
         single: ``objective`` for one remaining restart ``(1, ...)`` without ``vmap``.
+        redraw: ``count -> fresh starts of variables``: new random values for each of ``variables``, ``(count, ...)``,
+            from the same seeded generator as the first starts.
     """
 
     objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -298,6 +362,7 @@ class MatchingProblem:
     variables: list[Tensor]
     gap_scale: float
     single: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+    redraw: Callable[[int], list[Tensor]]
 
 
 class GradientMatchingAttack(GradientAttack):
@@ -323,6 +388,8 @@ class GradientMatchingAttack(GradientAttack):
         keep_best_after: with L-BFGS and several restarts, continue only the restart with the smallest gradient
             distance after this many iterations (a stalled start shows within ~100 iterations; one restart then
             costs what one run does); ``None`` runs every restart to the end.
+        recover_stalled: with L-BFGS, re-draw a restart whose network saturated (gradient exactly zero far from a
+            solution) and send one that diverged after progress back to its best iterate (see ``_Recovery``).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -350,6 +417,7 @@ class GradientMatchingAttack(GradientAttack):
         layers: Sequence[str] | None = None,
         stop_below: float | None = None,
         keep_best_after: int | None = None,
+        recover_stalled: bool = False,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -368,7 +436,9 @@ class GradientMatchingAttack(GradientAttack):
             raise ValueError(
                 f"{type(self).__name__}(keep_best_after={keep_best_after}) needs optimizer='lbfgs' and a value >= 1."
             )
-        self.stop_below, self.keep_best_after = stop_below, keep_best_after
+        if recover_stalled and optimizer != "lbfgs":
+            raise ValueError(f"{type(self).__name__}(recover_stalled=True) needs optimizer='lbfgs'.")
+        self.stop_below, self.keep_best_after, self.recover_stalled = stop_below, keep_best_after, recover_stalled
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
@@ -403,12 +473,20 @@ class GradientMatchingAttack(GradientAttack):
         generator = torch.Generator().manual_seed(self.seed)  # CPU draws, then moved: seed-identical on any device
         shape = (self.restarts, target.num_images, *input_shape)
         images = initial_images(shape, init=self.init, generator=generator).to(device, dtype).requires_grad_()
+        label_shape = (target.num_images, num_classes)
+
+        def redraw(count: int) -> list[Tensor]:
+            fresh = [initial_images((count, *shape[1:]), init=self.init, generator=generator)]
+            if self.labels == "optimise":
+                fresh.append(torch.randn(count, *label_shape, generator=generator))
+            return [f.to(device, dtype) for f in fresh]
+
         if self.labels == "infer":
             labels = self._label_orders(self._known_labels(view, target, num_classes).cpu(), target, generator)
             label_input, to_probabilities = F.one_hot(labels, num_classes).to(device, dtype), _identity
             variables = [images]
         else:
-            label_input = torch.randn(self.restarts, target.num_images, num_classes, generator=generator)
+            label_input = torch.randn(self.restarts, *label_shape, generator=generator)
             label_input = label_input.to(device, dtype)
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
@@ -430,7 +508,7 @@ class GradientMatchingAttack(GradientAttack):
 
         gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
         batched, single = _over_restarts(objective, restarts=self.restarts), _over_restarts(objective, restarts=1)
-        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30), single)
+        return MatchingProblem(batched, images, label_input, variables, max(gap_scale, 1e-30), single, redraw)
 
     def iterate(self, view: ServerView) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
@@ -441,8 +519,13 @@ class GradientMatchingAttack(GradientAttack):
         problem = self.problem(view)
         images, label_input, variables = problem.images, problem.label_input, problem.variables
         objective = problem.objective
-        step, keep = self._stepper(variables)
+        # a victim that already predicts its image with p ~ 1 leaks a gradient so small (sum ||g||^2 = 4e-5 measured)
+        # that the plain distance sits below L-BFGS's absolute tolerances (torch's) from the start: the optimiser
+        # then sees the distance relative to sum ||g||^2 (unchanged when that is >= 1, the usual case)
+        unit = min(problem.gap_scale, 1.0)
+        step, keep, reset = self._stepper(variables)
         ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
+        recovery = _Recovery(variables, vanished=1e-7) if self.recover_stalled else None
         for iteration in range(self.max_iterations):
             if iteration == self.keep_best_after and len(ids) > 1:
                 best = int(relative.nan_to_num(torch.inf).argmin())
@@ -453,14 +536,19 @@ class GradientMatchingAttack(GradientAttack):
                 variables = [images, label_input] if optimised else [images]
                 objective = problem.single
                 step = keep(rows, variables)
+                recovery = recovery.keep(rows) if recovery is not None else None
             losses, gaps = objective(images, label_input)
             relative = gaps.detach() / problem.gap_scale
             if self.stop_below is not None and bool((relative <= self.stop_below).any()):
                 labels = label_input.detach().argmax(-1)
                 yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, True, ids)
                 return
-            grads = torch.autograd.grad(losses.sum(), variables)
+            grads = torch.autograd.grad(losses.sum() / unit, variables)
+            if recovery is not None:
+                recovery.record(relative, variables)
             step(grads)
+            if recovery is not None:
+                recovery.recover(relative, grads, variables, problem.redraw, reset)
             labels = label_input.detach().argmax(-1)
             yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
 
@@ -482,9 +570,12 @@ class GradientMatchingAttack(GradientAttack):
         orders = orders[: self.restarts]
         return labels[torch.stack(orders)]
 
-    def _stepper(self, variables: list[Tensor]) -> tuple[Step, Callable[[Tensor, list[Tensor]], Step]]:
+    def _stepper(
+        self, variables: list[Tensor]
+    ) -> tuple[Step, Callable[[Tensor, list[Tensor]], Step], Callable[[Tensor], None]]:
         """The update rule: a function taking the gradients of ``variables`` and updating them in place, and (for
-        L-BFGS) ``keep(rows, new_variables)``, which drops all other restarts and returns the rule for the rest."""
+        L-BFGS) ``keep(rows, new_variables)``, which drops all other restarts and returns the rule for the rest,
+        and ``reset(mask)``, which clears the history of the masked restarts."""
         if self.optimizer == "lbfgs":
             lbfgs = BatchedLBFGS(num_rows=self.restarts, lr=self.lr)
 
@@ -492,7 +583,7 @@ class GradientMatchingAttack(GradientAttack):
                 lbfgs.keep(rows)
                 return self._lbfgs_step(lbfgs, kept)
 
-            return self._lbfgs_step(lbfgs, variables), keep
+            return self._lbfgs_step(lbfgs, variables), keep, lbfgs.reset
         images = variables[0]
         adam = torch.optim.Adam(variables, lr=self.lr)
         third = self.max_iterations / 8
@@ -513,7 +604,10 @@ class GradientMatchingAttack(GradientAttack):
         def no_keep(rows: Tensor, kept: list[Tensor]) -> Step:
             raise ValueError("keep_best_after needs optimizer='lbfgs'.")
 
-        return adam_step, no_keep
+        def no_reset(rows: Tensor) -> None:
+            raise ValueError("recover_stalled needs optimizer='lbfgs'.")
+
+        return adam_step, no_keep, no_reset
 
     def _lbfgs_step(self, lbfgs: BatchedLBFGS, variables: list[Tensor]) -> Step:
         images = variables[0]

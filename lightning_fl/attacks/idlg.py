@@ -37,6 +37,9 @@ class IDLGAttack(GradientMatchingAttack):
             30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
         keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
             ``None`` runs every restart to the end.
+        recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
+            solution) and send one that diverged after progress back to its best iterate (the paper's loop has
+            neither; docs/attacks.md "Natural photos").
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all (the classifier weight must be among them).
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data.
@@ -59,6 +62,7 @@ class IDLGAttack(GradientMatchingAttack):
         layers: Sequence[str] | None = None,
         stop_below: float | None = 3e-8,
         keep_best_after: int | None = 100,
+        recover_stalled: bool = True,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -74,6 +78,7 @@ class IDLGAttack(GradientMatchingAttack):
             layers=layers,
             stop_below=stop_below,
             keep_best_after=keep_best_after,
+            recover_stalled=recover_stalled,
             progress_bar=progress_bar,
             seed=seed,
         )

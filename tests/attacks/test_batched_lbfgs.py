@@ -60,3 +60,20 @@ def test_batched_lbfgs_state_follows_the_gradient_dtype_and_device() -> None:
     state = [opt.step_size, opt.h_diag, opt.direction, opt.prev_grad, opt._y, opt._s]
     assert update.dtype == torch.float64 and all(t.dtype == torch.float64 for t in state)
     assert all(t.device == x.device for t in [*state, opt.n_iter]) and opt.n_iter.tolist() == [2, 2]
+
+
+def test_reset_rows_restart_like_a_fresh_optimiser_and_leave_the_others_alone() -> None:
+    """A reset row moved to a new point follows a new torch.optim.LBFGS from there; the other row is unaffected."""
+    starts = torch.tensor([[-1.2, 1.0, 0.5, -0.3], [0.3, 0.1, -2.0, 1.0]], dtype=torch.float64)
+    x, opt = starts.clone(), BatchedLBFGS(num_rows=2)
+    steps = []
+    for step in range(30):
+        if step == 10:
+            x = torch.stack([starts[0], x[1]])  # row 0 back to its start, with its history forgotten
+            opt.reset(torch.tensor([True, False]))
+        probe = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(_rosenbrock(probe).sum(), probe)
+        x = x + opt.step(grad)
+        steps.append(x)
+    assert torch.allclose(steps[-1][0], _torch_trajectory(starts[0], 20, 100)[-1], atol=1e-8)
+    assert torch.allclose(steps[-1][1], _torch_trajectory(starts[1], 30, 100)[-1], atol=1e-8)

@@ -102,3 +102,26 @@ def test_keep_best_after_continues_only_the_best_restart() -> None:
     assert reconstruction.info["best_restart"] == best and len(reconstruction.loss_history) == 12
     with pytest.raises(ValueError, match="keep_best_after"):
         GradientMatchingAttack(optimizer="adam", keep_best_after=5)
+
+
+def test_recovery_sends_a_diverged_restart_back_and_redraws_a_saturated_one() -> None:
+    """The rule of ``recover_stalled``: row 0 diverged after progress (back to its best iterate), row 1 has a
+    zero gradient far from any solution (re-drawn), row 2 is fine (untouched); both lost rows' L-BFGS history is
+    cleared."""
+    from lightning_fl.attacks.gradient_matching import _Recovery
+
+    images = torch.zeros(3, 2)
+    recovery = _Recovery([images], vanished=1e-7)
+    recovery.record(torch.tensor([1e-4, 0.9, 0.5]), [images])
+    images += torch.tensor([[5.0], [7.0], [9.0]])
+    cleared = []
+    recovery.recover(
+        torch.tensor([5.0, 0.9, 0.4]),
+        [torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])],
+        [images],
+        redraw=lambda count: [torch.full((count, 2), -1.0)],
+        reset=cleared.append,
+    )
+    assert images.tolist() == [[0.0, 0.0], [-1.0, -1.0], [9.0, 9.0]]
+    assert cleared[0].tolist() == [True, True, False]
+    assert recovery.best[1] == torch.inf
