@@ -32,16 +32,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _config import parse_args
 from torch import Tensor, nn
 
 from lightning_fl.attacks import DLGAttack, IDLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import total_variation
 from lightning_fl.attacks.metrics import psnr, ssim
 from lightning_fl.attacks.standalone import client_view, view_on
-from lightning_fl.bench.script_config import parse_with_config
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 from lightning_fl.models import LeNetDLG
@@ -300,7 +301,10 @@ def main() -> None:
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
     parser.add_argument("--no-reference", action="store_true", help="run ours only (compare with a saved run).")
     parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
-    args = parse_with_config(parser, "configs/attack_parity.yaml")
+    parser.add_argument(
+        "--config", type=Path, default=Path("configs/attack_parity.yaml"), help="settings file; flags override it"
+    )
+    args = parse_args(parser)
     global DEVICE
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)

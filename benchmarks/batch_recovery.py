@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
+from _config import parse_args
 
 from lightning_fl.attacks import GRNN, DLGAttack, IDLGAttack
 from lightning_fl.attacks.metrics import match_reconstructions, psnr, ssim
 from lightning_fl.attacks.standalone import client_view
-from lightning_fl.bench.script_config import parse_with_config
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.models import ImageClassifier
 
@@ -54,7 +55,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, help="DLG/iDLG max_iterations.")
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)
-    args = parse_with_config(parser, "configs/batch_recovery.yaml")
+    parser.add_argument(
+        "--config", type=Path, default=Path("configs/batch_recovery.yaml"), help="settings file; flags override it"
+    )
+    args = parse_args(parser)
     torch.set_num_threads(1)
     images, labels, channels = batch(args.data, args.batch_size, args.seed)
     torch.manual_seed(args.seed)
