@@ -95,8 +95,8 @@ def run_bench(
 
     work = [
         (group, {cell.attack: spec for cell, spec, _ in group}, str(output_dir / "runs" / f"{d}__{lp}__s{seed}"))
-        for (d, lp, seed), group in runs.items()
-    ]
+        for (d, lp, seed), group in sorted(runs.items(), key=lambda run: run[0][2])
+    ]  # seed by seed: a stopped bench has every defence of the first seeds, and resumes with the rest
     if jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_run_group, specs, run_dir): group for group, specs, run_dir in work}
