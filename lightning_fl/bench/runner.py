@@ -8,8 +8,10 @@ kept for the whole grid, so torch and Lightning are imported once per worker, no
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import resource
+import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,6 +33,13 @@ def _run_group(specs: dict[str, dict[str, Any]], output_dir: str) -> dict[str, d
         return run_cells(specs, Path(output_dir))
     except Exception as err:
         return {name: {"status": failure(err)} for name in specs}
+
+
+def _worker_signals() -> None:
+    """In a worker: Ctrl+C is the main process's to handle (it stops the workers), and SIGTERM is not turned into the
+    command's exception, which the pool would survive."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _cpu_seconds() -> float:
@@ -98,10 +107,17 @@ def run_bench(
         for (d, lp, seed), group in sorted(runs.items(), key=lambda run: run[0][2])
     ]  # seed by seed: a stopped bench has every defence of the first seeds, and resumes with the rest
     if jobs > 1 and len(work) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals)
+        try:
             futures = {pool.submit(_run_group, specs, run_dir): group for group, specs, run_dir in work}
             for future in as_completed(futures):
                 finish(futures[future], future.result())
+        except BaseException:  # Ctrl+C or SIGTERM: drop the queued runs and stop the running ones; finished cells stay
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():  # the pool's workers: this process starts no others
+                worker.kill()  # not SIGTERM: a Trainer in the worker catches that to stop at its next batch
+            raise
+        pool.shutdown()
     else:
         for group, specs, run_dir in work:
             finish(group, _run_group(specs, run_dir))
