@@ -93,7 +93,8 @@ def test_quick_preset_is_the_issue_grid() -> None:
     assert len(grid) == (len(everywhere) * len(settings["defences"]) + 2) * len(settings["leak_points"])
     assert settings["attacks"]["dlg"]["class_path"] == "lightning_fl.attacks.DLGAttack"  # merged, not replaced
     full = load_settings("configs/bench_digits.yaml")
-    assert len(full["seeds"]) >= 3 and full["data"]["image_size"] == 32
+    assert len(full["seeds"]) >= 3 and full["loop"]["num_rounds"] > settings["loop"]["num_rounds"]
+    assert full["attacks"]["grnn"]["init_args"]["iterations"] > settings["attacks"]["grnn"]["init_args"]["iterations"]
 
 
 def test_bench_rejects_a_bad_config_before_writing(tmp_path, capsys) -> None:
