@@ -62,6 +62,7 @@ def run_bench(
     jobs: int = 1,
     command: str = "lightning-fl bench",
     wandb_project: str | None = None,
+    report_only: bool = False,
     print_: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md``, ``scatter.png`` and ``heatmap.png``.
@@ -70,6 +71,9 @@ def run_bench(
     its settings); a cell whose file exists with the same fingerprint is not re-run, so an interrupted bench
     continues where it stopped. The cells still to run are grouped into federated runs (one per defence, leak point
     and seed, every attack a callback of it); ``jobs > 1`` runs these in that many worker processes.
+
+    With ``report_only`` nothing runs: the report is written from the cells finished so far (a stopped bench's
+    partial table), and the number of cells it lacks is printed.
 
     Returns:
         the summary rows (one per defence × attack × leak point).
@@ -92,6 +96,10 @@ def run_bench(
         f"run(s) with {jobs} job(s)"
     )
     started = time.perf_counter()
+    if report_only:
+        print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
+        command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""
+        runs = {}
 
     def finish(group: list[tuple[Cell, dict[str, Any], str]], outcome: dict[str, dict[str, Any]]) -> None:
         for cell, _, digest in group:
@@ -121,7 +129,7 @@ def run_bench(
     else:
         for group, specs, run_dir in work:
             finish(group, _run_group(specs, run_dir))
-    ordered = [results[c.key] for c in grid]
+    ordered = [results[c.key] for c in grid if c.key in results]
     rows = report.summarise(ordered)
     output_dir.mkdir(parents=True, exist_ok=True)
     pictures = [

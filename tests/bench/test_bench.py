@@ -74,6 +74,13 @@ def test_mini_grid_writes_table_pictures_and_resumes(tmp_path) -> None:
 
     changed = {**_MINI, "attacks": {**_MINI["attacks"], "dlg": {**_DLG, "init_args": {"max_iterations": 61}}}}
     lines.clear()
+    partial = run_bench(changed, tmp_path, print_=lines.append, report_only=True)  # the changed cells do not count
+    assert "2 are missing" in lines[1] and [(r["defence"], r["attack"]) for r in partial] == [
+        ("none", "ig"),
+        ("fed_cdp", "ig"),
+    ]
+    assert "with 2 of 4 cells finished" in (tmp_path / "bench.md").read_text()
+    lines.clear()
     run_bench(changed, tmp_path, print_=lines.append)  # changed settings: only those cells re-run
     assert "2 already done, 2 to run" in lines[0]
     again = {p.name: json.loads(p.read_text()) for p in (tmp_path / "cells").glob("*.json")}
