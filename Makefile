@@ -2,7 +2,7 @@
 #   make quickstart   offline FedAvg on scikit-learn's digits (about a minute on 2 CPU cores)
 #   make test         lint + the fast test suite (what CI runs)
 #   make bench-quick  every attack x every defence, quick preset (docs/reproduction.md, "Attacks x defences")
-#   make bench        the full preset of the same grid (about 35 CPU-minutes; resumable)
+#   make bench        the full preset of the same grid (about 30 CPU-minutes; resumable)
 #   make reproduce    every table of docs/reproduction.md, one command after another (several hours on 2 cores);
 #                     each command's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
 #                     which table" there); the reproduce-* targets run one section each
