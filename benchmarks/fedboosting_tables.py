@@ -12,9 +12,10 @@ reduced scale on the offline digits data: 4 clients with Dirichlet(0.3) label sk
 HE uses the packed Paillier encoding with ``--key-size`` bits (512 by default to keep the run short; the
 thesis used 128-bit keys, 2048 is the library default), P = 100 pieces and p_hat = 0.9 (thesis Sec. 4.3.2.1).
 Each row is the mean over ``--seeds`` (partition and initialisation) of the final test accuracy. About 12
-minutes on one CPU core with the defaults; not run in CI.
+minutes on one CPU core with the defaults; not run in CI. The settings (rounds, seeds, key size, data, model) are in
+``configs/fedboosting_tables.yaml``; a flag overrides its key.
 
-    .venv/bin/python benchmarks/fedboosting_tables.py --rounds 15 --seeds 0 1
+    .venv/bin/python benchmarks/fedboosting_tables.py
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
+from _config import parse_args
 
 from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier
 from lightning_fl.defences import PaillierEncryption, SecureFedAvg
@@ -41,14 +44,16 @@ def run(
     epochs: int,
     rounds: int,
     seed: int,
+    data: dict[str, Any],
+    model: dict[str, Any],
 ) -> dict[str, float]:
-    dm = FederatedDataModule("digits", num_clients=4, partition="dirichlet", alpha=0.3, val_fraction=0.2, seed=seed)
+    dm = FederatedDataModule(**data, seed=seed)
     torch.manual_seed(seed)
-    model = ImageClassifier("lenet_dlg", **dm.model_options, lr=2e-3)
+    classifier = ImageClassifier(**dm.model_options, **model)
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=4, local_epochs=epochs, aggregator=aggregator(),
+            classifier, dm, num_rounds=rounds, clients_per_round=4, local_epochs=epochs, aggregator=aggregator(),
             client_transforms=transforms(), output_dir=out, progress_bar=False, checkpoint=False, seed=seed,
         )  # fmt: skip
         start = time.perf_counter()
@@ -68,12 +73,14 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--epochs", type=int, default=3, help="local epochs of the Table 4.3 rows")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--key-size", type=int, default=512)
-    parser.add_argument("--only", nargs="+", default=None, help="run only the rows with these method names")
-    args = parser.parse_args()
+    parser.add_argument("--config", default="configs/fedboosting_tables.yaml", help="the settings; flags override")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--epochs", type=int, help="local epochs of the Table 4.3 rows")
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--key-size", type=int)
+    parser.add_argument("--only", nargs="+", help="run only the rows with these method names")
+    args = parse_args(parser)
+    setting = {k: args.from_config[k] for k in ("data", "model")}
 
     def he() -> list[ClientTransform]:
         with warnings.catch_warnings():
@@ -100,13 +107,15 @@ def main() -> None:
             plain,
         ),
     ]
-    print(f"digits, 4 clients, Dirichlet 0.3, {args.rounds} rounds, seeds {args.seeds}, key {args.key_size} bits\n")
+    print(f"{setting['data']}, {args.rounds} rounds, seeds {args.seeds}, key {args.key_size} bits\n")
     print("| table | method | local epochs | final test acc. (per seed) | best acc. | s/round | HE s/round |")
     print("|---|---|---|---|---|---|---|")
     for table, name, epochs, aggregator, transforms in rows:
         if args.only is not None and name not in args.only:
             continue
-        results = [run(aggregator, transforms, epochs=epochs, rounds=args.rounds, seed=s) for s in args.seeds]
+        results = [
+            run(aggregator, transforms, epochs=epochs, rounds=args.rounds, seed=s, **setting) for s in args.seeds
+        ]
         finals = " / ".join(f"{r['final']:.3f}" for r in results)
         mean = {k: statistics.mean(r[k] for r in results) for k in results[0]}
         print(

@@ -3,14 +3,15 @@
 Setting of the thesis' ch. 3 (Ren 2023, spec_003 Sec. 1.6-1.7): the sigmoid DLG LeNet with U(-0.5, 0.5) weights,
 one shared gradient of a batch; 32x32 images of the two offline datasets (``digits`` for MNIST, ``lfw_faces`` for
 LFW). "Non-converged" is the freshly initialised model (the thesis attacks it after the first iteration);
-"converged" is the same model after ``--train-epochs`` epochs of Adam on the dataset (the thesis trains until the
+"converged" is the same model after ``train_epochs`` epochs of Adam on the dataset (the thesis trains until the
 loss changes by <= 1e-4; that criterion and its hyper-parameters are not given). GRNN runs with its defaults
 (authors' code loss, RMSprop 1e-4, 1000 iterations); DLG with the engine's default budget (1200 L-BFGS
 iterations) and 4 batched restarts, keeping the best (about half of DLG's random starts stall at 32x32,
 docs/attacks.md); the paper's DLG budget is about 6000 evaluations of one start. Both see the same gradients.
 "Recovered" uses the proxy SSIM >= 0.6 on every image of the batch (spec_003 G9; the thesis says "visually
 recognisable"). Each cell prints both PSNR conventions: the toolkit's (data range 1) and the thesis code's
-RMSE-based variant (``psnr_ref_rmse``).
+RMSE-based variant (``psnr_ref_rmse``). The settings (datasets, budgets, the attacks as ``class_path``/``init_args``)
+are in ``configs/grnn_tables.yaml``; a flag overrides its key.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/grnn_tables.py`` (about 15 CPU-minutes; 10-25 minutes of wall time);
 ``--output`` writes the rows as JSON.
@@ -25,8 +26,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _config import instantiate, parse_args
 
-from lightning_fl.attacks import GRNN, DLGAttack, GradientAttack
+from lightning_fl.attacks import GradientAttack
 from lightning_fl.attacks.metrics import match_reconstructions, score_reconstruction, ssim
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.datamodules import FederatedDataModule
@@ -43,13 +45,13 @@ PAPER_TABLE_3_4 = {
 PAPER_TABLE_3_6 = {("dlg", "digits"): 8, ("dlg", "lfw_faces"): 1, ("grnn", "digits"): 256, ("grnn", "lfw_faces"): 64}
 
 
-def _model(dm: FederatedDataModule, *, train_epochs: int) -> ImageClassifier:
+def _model(dm: FederatedDataModule, *, train_epochs: int, lr: float, batch_size: int) -> ImageClassifier:
     torch.manual_seed(0)
     model = ImageClassifier("lenet_dlg", **dm.model_options)
     images, labels = dm.train_set.tensors()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(train_epochs):
-        for batch in torch.randperm(len(labels)).split(32):
+        for batch in torch.randperm(len(labels)).split(batch_size):
             optimizer.zero_grad()
             F.cross_entropy(model(images[batch]), labels[batch]).backward()
             optimizer.step()
@@ -66,47 +68,53 @@ def _cell(attack: GradientAttack, model: ImageClassifier, images: torch.Tensor, 
     return {**scores, "seconds": time.perf_counter() - start}
 
 
-def _attacks(progress_bar: bool) -> dict[str, GradientAttack]:
-    return {"dlg": DLGAttack(restarts=4, progress_bar=progress_bar), "grnn": GRNN(progress_bar=progress_bar)}
+def _attacks(args: argparse.Namespace) -> dict[str, GradientAttack]:
+    return {name: instantiate(entry, progress_bar=False) for name, entry in args.from_config["attacks"].items()}
 
 
-def table_3_4(datasets: list[str], *, images_per_cell: int, train_epochs: int) -> list[dict]:
+def _data(args: argparse.Namespace, dataset: str) -> FederatedDataModule:
+    return FederatedDataModule(dataset, num_clients=2, partition="iid", image_size=args.image_size)
+
+
+def table_3_4(args: argparse.Namespace) -> list[dict]:
     """PSNR at B = 1, non-converged and converged LeNet, averaged over ``images_per_cell`` single-image attacks."""
     rows = []
-    for dataset in datasets:
-        dm = FederatedDataModule(dataset, num_clients=2, partition="iid", image_size=32)
-        for state, epochs in (("non-converged", 0), ("converged", train_epochs)):
-            model = _model(dm, train_epochs=epochs)
-            for name, attack in _attacks(progress_bar=False).items():
-                cells = [_cell(attack, model, *dm.sample_batch(0, 1, seed=seed)) for seed in range(images_per_cell)]
+    for dataset in args.datasets:
+        dm = _data(args, dataset)
+        for state, epochs in (("non-converged", 0), ("converged", args.train_epochs)):
+            model = _model(dm, train_epochs=epochs, **args.from_config["train"])
+            for name, attack in _attacks(args).items():
+                images = range(args.images_per_cell)
+                cells = [_cell(attack, model, *dm.sample_batch(0, 1, seed=seed)) for seed in images]
                 mean = {k: sum(c[k] for c in cells) / len(cells) for k in ("psnr", "psnr_ref_rmse", "ssim", "seconds")}
                 row = {"table": "3.4", "attack": name, "dataset": dataset, "state": state, **mean}
-                row["paper_psnr"] = PAPER_TABLE_3_4[(name, dataset)][0 if state == "non-converged" else 1]
+                paper = PAPER_TABLE_3_4.get((name, dataset), (None, None))
+                row["paper_psnr"] = paper[0 if state == "non-converged" else 1]
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows
 
 
-def table_3_6(datasets: list[str], *, batch_sizes: list[int]) -> list[dict]:
-    """Largest batch size each attack recovers (every image SSIM >= 0.6) on the non-converged LeNet.
+def table_3_6(args: argparse.Namespace) -> list[dict]:
+    """Largest batch size each attack recovers (every image SSIM >= ``success_ssim``) on the non-converged LeNet.
 
     Every batch size is attacked (a stalled start at a small batch does not end the sweep).
     """
     rows = []
-    for dataset in datasets:
-        dm = FederatedDataModule(dataset, num_clients=2, partition="iid", image_size=32)
-        model = _model(dm, train_epochs=0)
-        for name, attack in _attacks(progress_bar=False).items():
+    for dataset in args.datasets:
+        dm = _data(args, dataset)
+        model = _model(dm, train_epochs=0, **args.from_config["train"])
+        for name, attack in _attacks(args).items():
             largest = 0
-            for batch_size in batch_sizes:
+            for batch_size in args.batch_sizes:
                 cell = _cell(attack, model, *dm.sample_batch(0, batch_size, seed=0))
-                recovered = cell["min_ssim"] >= 0.6
+                recovered = cell["min_ssim"] >= args.success_ssim
                 row = {"table": "3.6", "attack": name, "dataset": dataset, "batch_size": batch_size, **cell}
                 print(json.dumps({**row, "recovered": recovered}), flush=True)
                 rows.append({**row, "recovered": recovered})
                 largest = batch_size if recovered else largest
             summary = {"table": "3.6", "attack": name, "dataset": dataset, "largest_recovered": largest}
-            summary["paper_largest_recovered"] = PAPER_TABLE_3_6[(name, dataset)]
+            summary["paper_largest_recovered"] = PAPER_TABLE_3_6.get((name, dataset))
             print(json.dumps(summary), flush=True)
             rows.append(summary)
     return rows
@@ -114,16 +122,18 @@ def table_3_6(datasets: list[str], *, batch_sizes: list[int]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", nargs="+", default=["digits", "lfw_faces"])
-    parser.add_argument("--images-per-cell", type=int, default=2)
-    parser.add_argument("--train-epochs", type=int, default=3)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args()
-    rows = table_3_4(args.datasets, images_per_cell=args.images_per_cell, train_epochs=args.train_epochs)
-    rows += table_3_6(args.datasets, batch_sizes=args.batch_sizes)
+    parser.add_argument("--config", default="configs/grnn_tables.yaml", help="the settings; flags override")
+    parser.add_argument("--datasets", nargs="+")
+    parser.add_argument("--image-size", type=int)
+    parser.add_argument("--images-per-cell", type=int)
+    parser.add_argument("--train-epochs", type=int)
+    parser.add_argument("--batch-sizes", type=int, nargs="+")
+    parser.add_argument("--success-ssim", type=float)
+    parser.add_argument("--output", type=Path)
+    args = parse_args(parser)
+    rows = table_3_4(args) + table_3_6(args)
     if args.output is not None:
-        args.output.write_text(json.dumps(rows, indent=2))
+        Path(args.output).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

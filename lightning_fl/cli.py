@@ -120,6 +120,9 @@ def _bench_parser() -> ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
     parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
     parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
+    parser.add_argument(
+        "--report_only", action=ActionYesNo, default=False, help="Write the report from the finished cells; run none."
+    )
     return parser
 
 
@@ -284,7 +287,14 @@ def _prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[
     command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + f" --jobs {cfg.jobs}"
 
     def bench() -> list[dict[str, Any]]:
-        return run_bench(settings, output_dir, jobs=cfg.jobs, command=command, wandb_project=cfg.wandb_project)
+        return run_bench(
+            settings,
+            output_dir,
+            jobs=cfg.jobs,
+            command=command,
+            wandb_project=cfg.wandb_project,
+            report_only=cfg.report_only,
+        )
 
     return bench
 

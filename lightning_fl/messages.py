@@ -58,7 +58,7 @@ class ServerView:
         kind: ``"gradient"`` or ``"update"``.
         metadata: public metadata: ``round_idx``, ``client_id`` (``None`` for the aggregate),
             ``local_steps``, ``local_epochs``, ``lr``, ``batch_size``, ``num_samples``, ``num_classes``,
-            ``input_shape``.
+            ``input_shape``; at ``local_gradient`` also ``step``, the 0-based local step.
     """
 
     leak_point: LeakPoint

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["Cell", "build", "cells", "load_class", "load_settings"]
+__all__ = ["Cell", "applies", "build", "cells", "load_class", "load_settings"]
 
 _REQUIRED = ("data", "model", "loop", "defences", "attacks", "leak_points", "seeds")
 
@@ -52,6 +52,11 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
             if unknown:
                 raise ValueError(f"only.{kind} names {unknown}, not in {kind}: {sorted(settings[kind])}.")
             settings[kind] = {name: settings[kind][name] for name in keep}
+    for name, attack in settings["attacks"].items():
+        known = set(raw["defences"]) | set((preset.get("defences") or {}) if quick else {})
+        unknown = sorted(set(attack.get("applies_to") or []) - known)
+        if unknown:
+            raise ValueError(f"attacks.{name}.applies_to names {unknown}, not in defences: {sorted(known)}.")
     return settings
 
 
@@ -81,7 +86,7 @@ class Cell:
             "loop": loop,
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
-            "attack": settings["attacks"][self.attack],
+            "attack": {k: v for k, v in settings["attacks"][self.attack].items() if k != "applies_to"},
             "leak_point": self.leak_point,
             "attack_rounds": settings.get("attack_rounds", [0]),
             "max_images": settings.get("max_images", 1),
@@ -90,12 +95,20 @@ class Cell:
         }
 
 
+def applies(settings: Mapping[str, Any], attack: str, defence: str) -> bool:
+    """Whether ``attack`` runs against ``defence``: always, unless the attack names the defences it applies to
+    (``applies_to``: model inversion needs a model with private layers)."""
+    allowed = settings["attacks"][attack].get("applies_to")
+    return allowed is None or defence in allowed
+
+
 def cells(settings: Mapping[str, Any]) -> list[Cell]:
-    """The grid: defences × attacks × leak points × seeds, in that nesting order."""
+    """The grid: defences × attacks × leak points × seeds, in that nesting order, where the attack applies."""
     return [
         Cell(defence, attack, leak_point, int(seed))
         for defence in settings["defences"]
         for attack in settings["attacks"]
+        if applies(settings, attack, defence)
         for leak_point in settings["leak_points"]
         for seed in settings["seeds"]
     ]

@@ -12,8 +12,8 @@ Hook order in one round::
     on_round_end(loop, round_idx, metrics)
 
 ``view`` is a :class:`~lightning_fl.messages.ServerView` (all an attack may use); ``ground_truth`` is kept
-apart for scoring. The loop builds views and ground truth only for hooks a callback overrides, so unused
-leak points cost nothing.
+apart for scoring. The loop builds views and ground truth only for hooks a callback overrides and for the events
+it :meth:`~FederatedCallback.wants`, so unused leak points, rounds and local steps cost nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +38,16 @@ class FederatedCallback:
 
     def listens_to(self, hook: str) -> bool:
         """Whether the loop should call ``hook`` on this callback; narrow it so unused leak points cost nothing."""
+        return True
+
+    def wants(self, hook: str, *, round_idx: int, client_id: int | None = None, step: int | None = None) -> bool:
+        """Whether the loop should build the view of one event at a leak-point ``hook`` for this callback.
+
+        Asked for ``on_local_gradient`` once per client fit with ``step=None`` (any step of it: whether to tap the
+        client's gradients at all) and then per local step; for ``on_client_update`` per client; for
+        ``on_aggregate_end`` with ``client_id=None``. Building a view copies the model, so an attack that wants one
+        step of one round should say so here rather than discard the other views.
+        """
         return True
 
     def on_fit_start(self, loop: FederationView) -> None:

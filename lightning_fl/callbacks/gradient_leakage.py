@@ -95,36 +95,28 @@ class GradientLeakage(FederatedCallback):
         self.clients = frozenset(clients) if clients is not None else None
         self.step_indices = frozenset(step_indices)
         self.max_images, self.save_images = max_images, save_images
-        self._step = 0
 
     def listens_to(self, hook: str) -> bool:
         """Only the hook of the chosen leak point, so the loop builds no other views for this callback."""
         return hook == _HOOKS[self.leak_point]
 
-    def _wanted(self, loop: FederationView, client_id: int | None) -> bool:
-        if loop.round_idx not in self.rounds:
+    def wants(self, hook: str, *, round_idx: int, client_id: int | None = None, step: int | None = None) -> bool:
+        """The chosen rounds, clients and (at ``local_gradient``) local steps: the loop builds no other views."""
+        if round_idx not in self.rounds or (step is not None and step not in self.step_indices):
             return False
         return client_id is None or self.clients is None or client_id in self.clients
 
     @override
-    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
-        self._step = 0
-
-    @override
     def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        step, self._step = self._step, self._step + 1
-        if step in self.step_indices and self._wanted(loop, view.metadata.get("client_id")):
-            self._attack_and_log(loop, view, ground_truth, step=step)
+        self._attack_and_log(loop, view, ground_truth, step=view.metadata["step"])
 
     @override
     def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        if self._wanted(loop, view.metadata.get("client_id")):
-            self._attack_and_log(loop, view, ground_truth)
+        self._attack_and_log(loop, view, ground_truth)
 
     @override
     def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        if self._wanted(loop, None):
-            self._attack_and_log(loop, view, ground_truth)
+        self._attack_and_log(loop, view, ground_truth)
 
     def _attack_and_log(
         self, loop: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None

@@ -9,6 +9,7 @@ apart for scoring.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -82,28 +83,33 @@ class LeakPoints:
         self.loop, self.callbacks, self.global_model = loop, callbacks, global_model
         self.datamodule, self.local_epochs = datamodule, spec.local_epochs
 
-    def listeners(self, hook: str) -> list[FederatedCallback]:
-        """Callbacks that implement ``hook`` and listen to it (:meth:`FederatedCallback.listens_to`)."""
+    def listeners(self, hook: str, **event: Any) -> list[FederatedCallback]:
+        """Callbacks that implement ``hook`` and listen to it (:meth:`FederatedCallback.listens_to`); given an
+        ``event`` (``round_idx``, ``client_id``, ``step``), only those that want it (:meth:`FederatedCallback.wants`).
+        """
         from lightning_fl.callbacks.base import FederatedCallback
 
         return [
             cb
             for cb in self.callbacks
-            if cb.listens_to(hook) and getattr(type(cb), hook) is not getattr(FederatedCallback, hook)
+            if cb.listens_to(hook)
+            and getattr(type(cb), hook) is not getattr(FederatedCallback, hook)
+            and (not event or cb.wants(hook, **event))
         ]
 
     def with_tap(self, callbacks: Sequence[L.Callback], *, round_idx: int, client_id: int) -> list[L.Callback]:
-        """A client's Trainer callbacks, plus the type-2 tap when a callback listens at ``local_gradient``.
+        """A client's Trainer callbacks, plus the type-2 tap when a callback wants this client's local gradients.
 
         A :class:`LocalGradientSource` among ``callbacks`` (a DP optimiser) releases its noised gradient itself;
-        the default tap then stays off.
+        the default tap then stays off. The tap numbers the released gradients (the 0-based local ``step``).
         """
         callbacks = list(callbacks)
-        if not self.listeners("on_local_gradient"):
+        if not self.listeners("on_local_gradient", round_idx=round_idx, client_id=client_id, step=None):
             return callbacks
+        steps = itertools.count()
 
         def release(model: L.LightningModule, grads: dict[str, Tensor], batch: Any, opt: Any) -> None:
-            self.local_gradient(round_idx, client_id, model, grads, batch, opt)
+            self.local_gradient(round_idx, client_id, next(steps), model, grads, batch, opt)
 
         sources = [cb for cb in callbacks if isinstance(cb, LocalGradientSource)]
         for source in sources:
@@ -151,17 +157,18 @@ class LeakPoints:
         self,
         round_idx: int,
         client_id: int,
+        step: int,
         model: L.LightningModule,
         gradients: dict[str, Tensor],
         batch: Any,
         opt: Any,
     ) -> None:
-        """Type 2: one released local gradient; private parameters are dropped.
+        """Type 2: the local gradient of 0-based ``step``; private parameters are dropped.
 
         It runs inside the client's fit but is the server's (the attacks'): what it raises propagates as a
         :class:`~lightning_fl.federation.failures.ServerSideError`, never as that client's failure.
         """
-        listeners = self.listeners("on_local_gradient")
+        listeners = self.listeners("on_local_gradient", round_idx=round_idx, client_id=client_id, step=step)
         if not listeners:
             return
         try:
@@ -174,6 +181,7 @@ class LeakPoints:
                 kind="gradient",
                 round_idx=round_idx,
                 client_id=client_id,
+                step=step,
                 lr=opt.param_groups[0]["lr"] if opt is not None else None,
                 batch_size=len(targets),
                 local_steps=1,
@@ -186,7 +194,7 @@ class LeakPoints:
 
     def client_update(self, update: ClientUpdate, received: dict[str, Tensor]) -> None:
         """Type 1: the update as the server receives it, on the model its client received."""
-        listeners = self.listeners("on_client_update")
+        listeners = self.listeners("on_client_update", round_idx=update.round_idx, client_id=update.client_id)
         if not listeners:
             return
         view = self.view(
@@ -211,7 +219,7 @@ class LeakPoints:
         ``readable`` is the delta after the server transforms (e.g. server-side DP noise): what anyone who sees
         the new global model sees, not the aggregate before them.
         """
-        listeners = self.listeners("on_aggregate_end")
+        listeners = self.listeners("on_aggregate_end", round_idx=updates[0].round_idx, client_id=None)
         if not listeners:
             return
         view = self.view(

@@ -79,6 +79,22 @@ def test_gradient_leakage_attacks_only_requested_local_steps(tmp_path: Path) -> 
     assert json.loads((tmp_path / "summary.json").read_text())["attacks"][0]["step"] == 1
 
 
+def test_the_loop_builds_views_only_for_the_events_the_attack_wants(tmp_path: Path, monkeypatch) -> None:
+    from lightning_fl.federation.leak_points import LeakPoints
+
+    built: list[tuple] = []
+    original = LeakPoints.view
+
+    def counting_view(self, leak_point, **kwargs):
+        built.append((kwargs["round_idx"], kwargs.get("client_id"), kwargs.get("step")))
+        return original(self, leak_point, **kwargs)
+
+    monkeypatch.setattr(LeakPoints, "view", counting_view)
+    leakage = GradientLeakage(RecordingAttack(), leak_point="local_gradient", rounds=[1], step_indices=[1])
+    _loop(tmp_path, [leakage]).fit()  # 2 rounds x 3 clients x 2 local steps = 12 released gradients
+    assert built == [(1, 0, 1), (1, 1, 1), (1, 2, 1)]
+
+
 def test_gradient_leakage_view_holds_no_ground_truth_or_private_tensors(tmp_path: Path) -> None:
     dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=2, image_size=16)
     model = make_classifier(dm, optimizer="sgd", lr=0.05)
