@@ -125,7 +125,8 @@ def run_workers(
             workers=workers,
             backend=backend,
         )
-        loop.evaluator.threads = eval_threads if workers > 1 else None
+        if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
+            loop.evaluator.threads = eval_threads
         phases: dict[str, list[float]] = {}
         originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
         originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
@@ -283,7 +284,12 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
-    parser.add_argument("--eval-threads", type=int, default=None, help="torch threads of the evaluation, workers > 1")
+    parser.add_argument(
+        "--eval-threads",
+        type=int,
+        default=None,
+        help="evaluation threads with workers > 1 (default: the loop's, = workers)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.section == "flower":

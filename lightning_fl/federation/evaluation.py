@@ -104,10 +104,10 @@ class Evaluator:
         lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
             options, without a ``Trainer`` (:func:`~lightning_fl.federation.fabric_fit.lean_test`: the same metrics,
             without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
-        threads: torch threads for evaluation (``None``: as set). With ``loop.workers`` N, N threads let the
-            evaluation in the loop's process, during which the workers are idle, use their cores; off by default: on
-            the shared 2-core machine it doubled the evaluation's CPU time (threads spinning under load), and a
-            quiet-machine measurement is still due (``benchmarks/scaling.py workers --eval-threads 2``).
+        threads: torch threads for evaluation (``None``: as set). The loop sets N (at most the CPU count) with
+            ``loop.workers`` N local processes: the evaluation in the loop's process, during which the workers are
+            idle, uses their cores. On a quiet 2-core machine this took workers=2 from 0.61x to 0.56x the wall time of
+            workers=1 (docs/performance.md); on a loaded one the extra thread only spins.
     """
 
     def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):

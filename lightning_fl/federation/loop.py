@@ -12,6 +12,7 @@ uninterrupted one. See docs/architecture.md.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -167,6 +168,8 @@ class FederatedLoop:
             workers, trainer_options=options, client_callbacks=self.client_callbacks, backend=backend, ranks=self.ranks
         )
         self.workers, self.backend, self.pool = workers, backend, None
+        if workers > 1 and backend == "processes":  # the idle workers' cores evaluate (docs/performance.md)
+            self.evaluator.threads = min(workers, os.cpu_count() or 1)
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
