@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -71,9 +72,26 @@ def ranks_requested(options: dict[str, Any]) -> int:
     return count
 
 
-def single_device_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The client Trainers' options on one rank: the same, on one device of this rank, without a strategy."""
-    return {**{k: v for k, v in options.items() if k not in _PROCESS_OPTIONS}, "devices": 1}
+def single_device_options(options: dict[str, Any], *, local_rank: int | None = None) -> dict[str, Any]:
+    """The client Trainers' options on one rank: the same, on one device of this rank, without a strategy.
+
+    On GPUs that device is this rank's own: ``LOCAL_RANK`` (set by the launcher in every re-run of the script;
+    unset, i.e. 0, in the first process) indexes ``devices`` when it lists GPU ids, else it is the GPU id, so
+    two ranks on one machine do not both train on GPU 0. On CPU every rank takes one CPU device.
+
+    Example:
+        >>> single_device_options({"accelerator": "gpu", "strategy": "ddp", "devices": [2, 3]}, local_rank=1)
+        {'accelerator': 'gpu', 'devices': [3]}
+        >>> single_device_options({"accelerator": "cpu", "strategy": "ddp", "devices": 2}, local_rank=1)
+        {'accelerator': 'cpu', 'devices': 1}
+    """
+    single = {**{k: v for k, v in options.items() if k not in _PROCESS_OPTIONS}, "devices": 1}
+    accelerator = str(options.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+        devices = options.get("devices", 1)
+        single["devices"] = [int(devices[rank])] if isinstance(devices, list | tuple) else [rank]
+    return single
 
 
 def launch(options: dict[str, Any]) -> Ranks:
