@@ -100,7 +100,9 @@ def private_cut(model: nn.Module, *, input_shape: Sequence[int]) -> nn.Module:
     one zero input of ``input_shape`` ``(C, H, W)`` and recording the private modules in call order.
 
     Raises:
-        ValueError: when ``model`` has no private module, or its private modules do not run.
+        ValueError: when ``model`` has no private module, its private modules do not run, or it is not split into
+            private layers first and public ones after (FedKL's key-lock layers, interleaved with public
+            convolutions and returning ``(output, key)``, are not an FDL-PP split: the attack does not apply).
 
     Example:
         >>> from lightning_fl.private import mark_private
@@ -115,16 +117,35 @@ def private_cut(model: nn.Module, *, input_shape: Sequence[int]) -> nn.Module:
             f"{type(model).__name__} has no private module; mark its leading layers private with "
             "lightning_fl.private.mark_private (FDL-PP's private/public split)."
         )
-    handles = [m.register_forward_hook(lambda module, _args, _out: calls.append(module)) for m in modules]
+    inside = {id(sub) for m in modules for sub in m.modules()}
+    public = [m for m in model.modules() if id(m) not in inside and any(True for _ in m.parameters(recurse=False))]
+    outputs: dict[int, object] = {}
+
+    def record(module: nn.Module, _args: object, out: object) -> None:
+        calls.append(module)
+        outputs[id(module)] = out
+
+    handles = [m.register_forward_hook(record) for m in (*modules, *public)]
     try:
         with torch.no_grad():
             model(_zeros_like_input(model, (1, *input_shape)))
     finally:
         for handle in handles:
             handle.remove()
-    if not calls:
+    private_ids = {id(m) for m in modules}
+    ran = [i for i, m in enumerate(calls) if id(m) in private_ids]
+    if not ran:
         raise ValueError(f"none of the private modules of {type(model).__name__} runs in its forward pass.")
-    return calls[-1]
+    cut = calls[ran[-1]]
+    early = [type(m).__name__ for m in calls[: ran[-1]] if id(m) not in private_ids]
+    if early:
+        raise ValueError(
+            f"{type(model).__name__} is not split as FDL-PP splits it (private layers first, then public ones): "
+            f"public {early} run before its last private module {type(cut).__name__}."
+        )
+    if not isinstance(outputs[id(cut)], Tensor):
+        raise ValueError(f"{type(model).__name__}'s last private module {type(cut).__name__} does not output a tensor.")
+    return cut
 
 
 def _zeros_like_input(model: nn.Module, shape: Sequence[int]) -> Tensor:

@@ -20,6 +20,7 @@ from lightning_fl.attacks.model_inversion import (
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.datamodules.datasets import load_dataset
+from lightning_fl.defences import KeyLocks, apply_defences
 from lightning_fl.messages import ServerView
 from lightning_fl.models import ImageClassifier
 from lightning_fl.private import mark_private, private_state
@@ -44,6 +45,14 @@ def test_private_cut_is_the_last_private_module_that_runs() -> None:
 def test_private_cut_rejects_a_model_without_private_layers() -> None:
     with pytest.raises(ValueError, match=r"no private module; mark its leading layers private"):
         private_cut(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), input_shape=(1, 2, 2))
+
+
+def test_private_cut_rejects_key_locks_interleaved_with_public_layers() -> None:
+    """FedKL's key-lock layers follow public convolutions and return (output, key): not an FDL-PP split."""
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    model = apply_defences(make_classifier(dm), [KeyLocks(key_length=16)])
+    with pytest.raises(ValueError, match=r"not split as FDL-PP splits it .* public \['Conv2d'\] run before .* KeyLock"):
+        private_cut(model, input_shape=(1, 16, 16))
 
 
 def test_colluding_inversion_recovers_the_private_output_and_the_image() -> None:
