@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--data", choices=["digits", "photos"])
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--iterations", type=int, help="DLG/iDLG max_iterations.")
+    parser.add_argument(
+        "--stop-below", type=float, help="DLG/iDLG stop_below (relative gradient distance); 0 turns the early stop off."
+    )
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument(
@@ -69,7 +72,8 @@ def main() -> None:
         attack = GRNN(iterations=args.grnn_iterations, progress_bar=False, **settings)
     else:
         make = DLGAttack if args.attack == "dlg" else IDLGAttack
-        attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed)
+        stop = {} if args.stop_below is None else {"stop_below": args.stop_below or None}
+        attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **stop)
     start = time.process_time()
     reconstruction = attack.reconstruct(view)
     seconds = time.process_time() - start
