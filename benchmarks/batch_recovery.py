@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument(
         "--stop-below", type=float, help="DLG/iDLG stop_below (relative gradient distance); 0 turns the early stop off."
     )
+    parser.add_argument("--restarts", type=int, help="DLG/iDLG restarts (default: the attack's).")
+    parser.add_argument("--keep-best-after", type=int, help="DLG/iDLG keep_best_after (default: the attack's).")
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument(
@@ -72,8 +74,9 @@ def main() -> None:
         attack = GRNN(iterations=args.grnn_iterations, progress_bar=False, **settings)
     else:
         make = DLGAttack if args.attack == "dlg" else IDLGAttack
-        stop = {} if args.stop_below is None else {"stop_below": args.stop_below or None}
-        attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **stop)
+        options = {} if args.stop_below is None else {"stop_below": args.stop_below or None}
+        options |= {k: v for k in ("restarts", "keep_best_after") if (v := getattr(args, k)) is not None}
+        attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **options)
     start = time.process_time()
     reconstruction = attack.reconstruct(view)
     seconds = time.process_time() - start
@@ -91,6 +94,7 @@ def main() -> None:
                 "mean_psnr": round(float(per_psnr.mean()), 1),
                 "mean_ssim": round(float(per_ssim.mean()), 3),
                 "iterations": reconstruction.info.get("iterations"),
+                "relative_gap": reconstruction.info.get("relative_gap"),
                 "cpu_s": round(seconds, 1),
             }
         ),
