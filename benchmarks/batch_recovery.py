@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, help="DLG/iDLG restarts (default: the attack's).")
     parser.add_argument("--keep-best-after", type=int, help="DLG/iDLG keep_best_after (default: the attack's).")
     parser.add_argument("--init", choices=["rand", "randn"], help="DLG/iDLG start (default: the attack's, rand).")
+    parser.add_argument("--tv-weight", type=float, help="DLG total-variation prior weight (default: the attack's, 0).")
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument(
@@ -76,7 +77,7 @@ def main() -> None:
     else:
         make = DLGAttack if args.attack == "dlg" else IDLGAttack
         options = {} if args.stop_below is None else {"stop_below": args.stop_below or None}
-        options |= {k: v for k in ("restarts", "keep_best_after", "init") if (v := getattr(args, k)) is not None}
+        options |= {k: v for k in ("restarts", "keep_best_after", "init", "tv_weight") if (v := getattr(args, k)) is not None}
         attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **options)
     start = time.process_time()
     reconstruction = attack.reconstruct(view)
