@@ -77,7 +77,8 @@ def main() -> None:
     else:
         make = DLGAttack if args.attack == "dlg" else IDLGAttack
         options = {} if args.stop_below is None else {"stop_below": args.stop_below or None}
-        options |= {k: v for k in ("restarts", "keep_best_after", "init", "tv_weight") if (v := getattr(args, k)) is not None}
+        passed = ("restarts", "keep_best_after", "init", "tv_weight")
+        options |= {k: v for k in passed if (v := getattr(args, k)) is not None}
         attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **options)
     start = time.process_time()
     reconstruction = attack.reconstruct(view)

@@ -25,3 +25,12 @@ def test_dlg_reports_every_iteration_to_the_callback() -> None:
     )
     assert [i for i, _ in seen] == list(range(5))
     assert [loss for _, loss in seen] == reconstruction.loss_history
+
+
+def test_dlg_tv_weight_adds_the_total_variation_prior_and_is_off_by_default() -> None:
+    # the batch setting (docs/attacks.md "Batch recovery"); 0 keeps the paper's objective for B = 1
+    view, _ = digits_view(batch_size=2, image_size=16)
+    plain = DLGAttack(max_iterations=1, restarts=1, progress_bar=False)
+    prior = DLGAttack(max_iterations=1, restarts=1, tv_weight=1e-3, progress_bar=False)
+    assert plain.regularisers == []
+    assert prior.reconstruct(view).loss_history[0] > plain.reconstruct(view).loss_history[0]
