@@ -59,7 +59,9 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, help="DLG/iDLG restarts (default: the attack's).")
     parser.add_argument("--keep-best-after", type=int, help="DLG/iDLG keep_best_after (default: the attack's).")
     parser.add_argument("--init", choices=["rand", "randn"], help="DLG/iDLG start (default: the attack's, rand).")
-    parser.add_argument("--tv-weight", type=float, help="DLG total-variation prior weight (default: the attack's, 0).")
+    parser.add_argument(
+        "--tv-weight", type=float, help="DLG/iDLG total-variation prior weight (default: the attack's, 0)."
+    )
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument(

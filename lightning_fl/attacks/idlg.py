@@ -40,6 +40,8 @@ class IDLGAttack(GradientMatchingAttack):
         recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (the paper's loop has
             neither; docs/attacks.md "Natural photos").
+        tv_weight: weight of a total-variation prior on the images (not in the paper; 0, the default, is the
+            paper's objective); as :class:`~lightning_fl.attacks.dlg.DLGAttack`'s, for batches.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all (the classifier weight must be among them).
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data.
@@ -63,6 +65,7 @@ class IDLGAttack(GradientMatchingAttack):
         stop_below: float | None = 3e-8,
         keep_best_after: int | None = 100,
         recover_stalled: bool = True,
+        tv_weight: float = 0.0,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -79,6 +82,7 @@ class IDLGAttack(GradientMatchingAttack):
             stop_below=stop_below,
             keep_best_after=keep_best_after,
             recover_stalled=recover_stalled,
+            tv_weight=tv_weight,
             progress_bar=progress_bar,
             seed=seed,
         )
