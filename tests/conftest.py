@@ -60,6 +60,18 @@ def make_classifier(dm: FederatedDataModule, **kwargs) -> ImageClassifier:
     return ImageClassifier(**dm.model_options, **options)
 
 
+def three_keylock_clients(output_dir, **loop_options):
+    """One round of three IID key-locked digit clients, one local step each: the smallest federation with secrets."""
+    from lightning_fl import FederatedLoop
+    from lightning_fl.defences import KeyLocks
+
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
+    options = {"num_rounds": 1, "clients_per_round": 3, "local_steps": 1, "checkpoint": False, "progress_bar": False}
+    return FederatedLoop(
+        make_classifier(dm), dm, defences=[KeyLocks(key_length=16)], output_dir=output_dir, **options, **loop_options
+    )
+
+
 def one_step_attack_loop(output_dir, *, callbacks: list, client_transforms: list = (), defences: list = ()):
     """One round, one client, one SGD step on one 16x16 digit: the setting where a single gradient leaks (DLG)."""
     from lightning_fl import FederatedLoop

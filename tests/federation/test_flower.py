@@ -19,7 +19,7 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import GaussianNoise, KeyLocks, PaillierEncryption
 from lightning_fl.federation.flower import check_flower
 from lightning_fl.private import public_state
-from tests.conftest import make_classifier
+from tests.conftest import make_classifier, three_keylock_clients
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
@@ -111,18 +111,7 @@ class InProcessGrid:
 
 
 def one_round(output_dir: str = "runs/flower-test") -> FederatedLoop:
-    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
-    return FederatedLoop(
-        make_classifier(dm),
-        dm,
-        num_rounds=1,
-        clients_per_round=3,
-        local_steps=1,
-        defences=[KeyLocks(key_length=16)],
-        output_dir=output_dir,
-        checkpoint=False,
-        progress_bar=False,
-    )
+    return three_keylock_clients(output_dir)
 
 
 def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(tmp_path, monkeypatch) -> None:

@@ -10,7 +10,7 @@ from lightning_fl import FederatedLoop
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import KeyLocks
 from lightning_fl.private import public_state
-from tests.conftest import make_classifier
+from tests.conftest import make_classifier, three_keylock_clients
 
 
 def _run(tmp_path, workers: int, backend: str = "processes") -> FederatedLoop:
@@ -76,20 +76,7 @@ class _PowerLoss(torch.utils.data.Dataset):
 
 
 def _three_clients_in_two_workers(tmp_path) -> FederatedLoop:
-    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
-    return FederatedLoop(
-        make_classifier(dm),
-        dm,
-        num_rounds=1,
-        clients_per_round=3,
-        local_steps=1,
-        eval_every=0,
-        defences=[KeyLocks(key_length=16)],
-        output_dir=tmp_path,
-        checkpoint=False,
-        progress_bar=False,
-        workers=2,
-    )
+    return three_keylock_clients(tmp_path, eval_every=0, workers=2)
 
 
 def test_a_client_failing_in_a_worker_is_dropped_and_keeps_no_secrets(tmp_path) -> None:
