@@ -29,9 +29,10 @@ import argparse
 import copy
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -199,6 +200,39 @@ def resnet_victim(num_classes: int, seed: int, epochs: int) -> nn.Module:
     return net.cpu().eval()
 
 
+@dataclass(frozen=True)
+class Victim:
+    """A victim network: the LeNet (``epochs`` None) or a ResNet-18 trained ``epochs`` epochs."""
+
+    name: str
+    classes: int
+    epochs: int | None
+    seed: int
+
+    def build(self) -> nn.Module:
+        if self.epochs is None:
+            return lenet_victim(self.classes, self.seed)
+        return resnet_victim(self.classes, self.seed, self.epochs)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One side of one case. Both sides of a case load the same victim weights from ``victim_file``: a ResNet
+    trained on a GPU is not bit-reproducible, so it is trained once, by the parent process."""
+
+    attack: str
+    side: str
+    victim: Victim
+    victim_file: str
+    source: str
+    image: Tensor
+    label: int
+    ig_iterations: int
+    ig_restarts: int
+    ig_tv: float
+    device: str
+
+
 def _score(
     attack: str, side: str, victim: str, image: str, seed: int, rec: Tensor, truth: Tensor, label_ok: bool, info: dict
 ) -> Result:
@@ -218,49 +252,74 @@ def eval_view(net: nn.Module, image: Tensor, label: int, num_classes: int) -> Se
     return ServerView("local_gradient", net, tensors, "gradient", metadata)
 
 
-def run_case(
-    attack: str,
-    victim_name: str,
-    net: nn.Module,
-    image: Tensor,
-    label: int,
-    source: str,
-    seed: int,
-    ig_iterations: int,
-    known: dict[tuple, Result],
-    reference: bool = True,
-) -> list[Result]:
-    """Reference and ours on one case; a reference result in ``known`` (same attack, victim, image and seed: the
-    reference is deterministic) is reused instead of rerun; ``reference=False`` runs ours only."""
-    num_classes = int(net.fc.out_features) if hasattr(net, "fc") else 10
-    label %= num_classes
+def run_job(job: Job) -> Result:
+    """The reference loop or our attack on one case (``job.side``), in this process or a pool worker."""
+    global DEVICE
+    DEVICE = torch.device(job.device)
+    torch.set_num_threads(1)
+    net = replace(job.victim, epochs=job.victim.epochs and 0).build()  # the architecture; weights from the file
+    net.load_state_dict(torch.load(job.victim_file, weights_only=True))
+    label = job.label % job.victim.classes
+    image, seed = job.image, job.victim.seed
     view = (
-        client_view(net, image, torch.tensor([label]), num_classes=num_classes)
-        if attack != "ig"
-        else eval_view(net, image, label, num_classes)
+        client_view(net, image, torch.tensor([label]), num_classes=job.victim.classes)
+        if job.attack != "ig"
+        else eval_view(net, image, label, job.victim.classes)
     )
     view = view_on(view, DEVICE)
-    results = []
-    reuse = known.get((attack, victim_name, source, seed))
-    if attack in ("dlg", "idlg"):
-        if reuse is None and reference:
-            rec, recovered, info = reference_dlg(view, image, seed=seed, infer_label=attack == "idlg")
-            reuse = _score(attack, "reference", victim_name, source, seed, rec, image, recovered == label, info)
-        results += [reuse] if reuse is not None else []
-        ours: Callable[..., object] = DLGAttack if attack == "dlg" else IDLGAttack
-        engine = ours(progress_bar=False, seed=seed)
+    if job.side == "reference":
+        if job.attack == "ig":
+            rec, info = reference_ig(view, image, seed=seed, iterations=job.ig_iterations, tv=job.ig_tv)
+            recovered = label
+        else:
+            rec, recovered, info = reference_dlg(view, image, seed=seed, infer_label=job.attack == "idlg")
+        return _score(job.attack, job.side, job.victim.name, job.source, seed, rec, image, recovered == label, info)
+    if job.attack == "ig":
+        engine = InvertingGradientsAttack(
+            max_iterations=job.ig_iterations,
+            restarts=job.ig_restarts,
+            tv_weight=job.ig_tv,
+            progress_bar=False,
+            seed=seed,
+        )
     else:
-        if reuse is None and reference:
-            rec, info = reference_ig(view, image, seed=seed, iterations=ig_iterations, tv=1e-4)
-            reuse = _score(attack, "reference", victim_name, source, seed, rec, image, True, info)
-        results += [reuse] if reuse is not None else []
-        engine = InvertingGradientsAttack(max_iterations=ig_iterations, restarts=1, progress_bar=False, seed=seed)
+        engine = (DLGAttack if job.attack == "dlg" else IDLGAttack)(progress_bar=False, seed=seed)
     start = _clock()
     reconstruction = engine.reconstruct(view)
     info = {"cpu_s": _clock() - start, "to": None, "evals": reconstruction.info["iterations"]}
     label_ok = reconstruction.labels is not None and int(reconstruction.labels[0]) == label
-    results.append(_score(attack, "ours", victim_name, source, seed, reconstruction.images, image, label_ok, info))
-    return results
+    return _score(job.attack, job.side, job.victim.name, job.source, seed, reconstruction.images, image, label_ok, info)
+
+
+def run_jobs(jobs: list[Job], workers: int, deadline_s: float | None, report: Callable[[Result], None]) -> list[Job]:
+    """Run ``jobs`` (in order, ``workers`` at a time in spawned processes when ``workers > 1``), calling ``report``
+    with each result as it arrives; at ``deadline_s`` seconds the workers are killed. Returns the unfinished jobs."""
+    started = time.perf_counter()
+    if workers <= 1:
+        for k, job in enumerate(jobs):
+            if deadline_s is not None and time.perf_counter() - started > deadline_s:
+                return jobs[k:]
+            report(run_job(job))
+        return []
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    pending = {pool.submit(run_job, job): job for job in jobs}
+    try:
+        while pending:
+            timeout = None if deadline_s is None else max(0.0, deadline_s - (time.perf_counter() - started))
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for future in done:
+                pending.pop(future)
+                report(future.result())
+    finally:
+        for process in list(pool._processes.values()):  # a deadline must not wait for running jobs
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+    return list(pending.values())
 
 
 def summarise(results: list[Result]) -> list[dict]:
@@ -288,6 +347,44 @@ def summarise(results: list[Result]) -> list[dict]:
     return rows
 
 
+def _jobs(args: argparse.Namespace, folder: Path) -> list[Job]:
+    """Every (attack, victim, photo, seed, side) of the run, the two sides of a case next to each other; each
+    victim is built once and saved in ``folder``."""
+    crops = photo_crops(args.which)[: args.images]
+    jobs = []
+    sides = ["ours"] if args.no_reference else ["reference", "ours"]
+    for attack in args.attacks:
+        victims = (
+            [(f"lenet{k}", k, None) for k in args.classes]
+            if attack != "ig"
+            else [(f"resnet18_e{e}", 10, e) for e in args.ig_epochs]
+        )
+        for name, classes, epochs in victims:
+            for seed in args.seeds:
+                victim = Victim(name, classes, epochs, seed)
+                file = folder / f"{name}_seed{seed}.pt"
+                if not file.exists():
+                    torch.save(victim.build().state_dict(), file)
+                for source, image, label in crops:
+                    for side in sides:
+                        jobs.append(
+                            Job(
+                                attack,
+                                side,
+                                victim,
+                                str(file),
+                                source,
+                                image,
+                                label,
+                                args.ig_iterations,
+                                args.ig_restarts,
+                                args.ig_tv,
+                                args.device,
+                            )
+                        )
+    return jobs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attacks", nargs="+", choices=["dlg", "idlg", "ig"])
@@ -297,7 +394,11 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int)
     parser.add_argument("--ig-iterations", type=int)
     parser.add_argument("--ig-epochs", nargs="+", type=int, help="ResNet-18 training epochs.")
-    parser.add_argument("--output", default=None, help="write all results as JSON here.")
+    parser.add_argument("--ig-restarts", type=int, help="restarts of our Inverting Gradients (the reference: 1).")
+    parser.add_argument("--ig-tv", type=float, help="total-variation weight of both Inverting Gradients sides.")
+    parser.add_argument("--workers", type=int, help="jobs at once, each in its own process (1: in this process).")
+    parser.add_argument("--deadline-s", type=float, default=None, help="stop after this many seconds, keep results.")
+    parser.add_argument("--output", default=None, help="write all results as JSON here (after every job).")
     parser.add_argument("--reuse", nargs="*", default=[], help="JSON outputs whose reference results to reuse.")
     parser.add_argument("--no-reference", action="store_true", help="run ours only (compare with a saved run).")
     parser.add_argument("--device", default="cpu", help="cuda: times are wall seconds after synchronising.")
@@ -308,44 +409,33 @@ def main() -> None:
     global DEVICE
     DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
-    known = {}
+    results: list[Result] = []
     for path in args.reuse:
         with open(path) as f:
-            for r in json.load(f)["results"]:
-                if r["side"] == "reference":
-                    known[(r["attack"], r["victim"], r["image"], r["seed"])] = Result(**r)
-    crops = photo_crops(args.which)[: args.images]
-    results: list[Result] = []
-    for attack in args.attacks:
-        victims = (
-            [(f"lenet{k}", k, None) for k in args.classes]
-            if attack != "ig"
-            else [(f"resnet18_e{e}", 10, e) for e in args.ig_epochs]
-        )
-        for victim_name, classes, epochs in victims:
-            for source, image, label in crops:
-                for seed in args.seeds:
-                    net = lenet_victim(classes, seed) if epochs is None else resnet_victim(classes, seed, epochs)
-                    for r in run_case(
-                        attack,
-                        victim_name,
-                        net,
-                        image,
-                        label,
-                        source,
-                        seed,
-                        args.ig_iterations,
-                        known,
-                        not args.no_reference,
-                    ):
-                        results.append(r)
-                        print(json.dumps(asdict(r)), flush=True)
+            results += [Result(**r) for r in json.load(f)["results"] if r["side"] == "reference"]
+    known = {(r.attack, r.victim, r.image, r.seed) for r in results}
+
+    def report(result: Result) -> None:
+        results.append(result)
+        print(json.dumps(asdict(result)), flush=True)
+        if args.output:
+            with open(args.output, "w") as f:
+                json.dump({"results": [asdict(r) for r in results], "summary": summarise(results)}, f, indent=1)
+
+    with tempfile.TemporaryDirectory() as folder:
+        jobs = [
+            job
+            for job in _jobs(args, Path(folder))
+            if job.side == "ours" or (job.attack, job.victim.name, job.source, job.victim.seed) not in known
+        ]
+        unfinished = run_jobs(jobs, args.workers, args.deadline_s, report)
     print("SUMMARY")
     for row in summarise(results):
         print(json.dumps(row))
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"results": [asdict(r) for r in results], "summary": summarise(results)}, f, indent=1)
+    for job in unfinished:
+        print(
+            f"unfinished at the deadline: {job.attack} {job.side} {job.victim.name} {job.source} seed {job.victim.seed}"
+        )
 
 
 if __name__ == "__main__":
