@@ -50,7 +50,7 @@ PY
 )
 echo "seconds left $left, contended probe -> $iterations iterations" | tee "$out/budget.txt"
 for b in $GRNN_BATCHES; do
-  timeout 300 $PYTHON benchmarks/batch_recovery.py --attack grnn --data digits --batch-size "$b" --device "$DEVICE"
+  timeout 120 $PYTHON benchmarks/batch_recovery.py --attack grnn --data digits --batch-size "$b" --device "$DEVICE"
 done > "$out/grnn_batch.jsonl" 2>&1 &
 timeout $((left + 30)) $PYTHON "${ig[@]}" --images "$IMAGES" --ig-iterations "$iterations" --workers "$WORKERS" \
   --deadline-s $((left - 15)) --output "$out/ig_parity.json" >> "$out/log.txt" 2>&1
