@@ -6,6 +6,8 @@
 #   make reproduce    every table of docs/reproduction.md, one command after another (several hours on 2 cores);
 #                     each command's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
 #                     which table" there); the reproduce-* targets run one section each
+#   make reproduce-gpu  the GPU rows (Inverting Gradients on ResNet-18, GRNN batches); needs a CUDA GPU, not
+#                     part of `make reproduce`
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +15,7 @@ export WANDB_MODE ?= offline
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c   # a command piped into tee still fails the target when it fails
 
-.PHONY: quickstart test lint format clean bench bench-quick reproduce $(REPRODUCE)
+.PHONY: quickstart test lint format clean bench bench-quick reproduce reproduce-gpu $(REPRODUCE)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +65,9 @@ reproduce-attacks:
 	  $(RUN) $(BIN)/python benchmarks/dlg_thesis_tables.py && \
 	  $(RUN) $(BIN)/python benchmarks/attack_parity.py && \
 	  $(RUN) $(BIN)/python benchmarks/batch_recovery.py --attack dlg --data digits --batch-size 4; } $(LOG)
+
+reproduce-gpu: $(VENV)/.installed | $(OUT)
+	$(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu $(LOG)
 
 reproduce-grnn:
 	$(RUN) $(BIN)/python benchmarks/grnn_tables.py $(LOG)
