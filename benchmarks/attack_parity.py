@@ -19,6 +19,11 @@ Images: centre crops of the ``photos`` data set's scikit-image photographs, whic
 (IG). Time: process CPU seconds with one torch thread: ``cpu_s`` for the whole run as its code runs it,
 ``cpu_to_success_s`` until PSNR first reached 30 dB (reference: checked after every ``step()``, checks not timed).
 
+Each side of each case is one job. ``--workers N`` runs N jobs at once, each in its own spawned process: on a GPU,
+where one small victim leaves the device idle between kernel launches, 16 jobs ran about as fast each as one alone
+(with CUDA MPS; ``benchmarks/gpu_attacks.sh``). Victims are built once by this process and loaded by both sides of a
+case (a network trained on a GPU is not bit-reproducible). ``--deadline-s`` stops the run and keeps what finished.
+
 Settings: ``configs/attack_parity.yaml`` (``--config``); flags override them, e.g.
 ``OMP_NUM_THREADS=1 python benchmarks/attack_parity.py --attacks dlg --classes 10 --seeds 0``.
 """
