@@ -2,7 +2,8 @@
 
 Victim: the untrained sigmoid DLG LeNet (U(-0.5, 0.5) weights, [0, 1] pixels in, 10 classes), one shared gradient
 of a batch of B distinct images (distinct labels where the data has them: iDLG's rule needs them). Attacks with
-their shipped defaults except the budget: DLG and iDLG ``max_iterations = --iterations`` (early stop as shipped),
+their shipped defaults except the budget: DLG and iDLG ``max_iterations = --iterations`` (``tv_weight`` and
+``stop_below`` "auto": for B > 1 a total-variation prior of 1e-3 and no early stop; flags override them),
 GRNN ``iterations = --grnn-iterations`` with the thesis' LeNet settings (``configs/grnn_lenet_lfw.yaml``).
 A batch counts as recovered when every matched image has SSIM >= 0.6 (the FedKL code's ASR threshold; the thesis
 says "visually recognisable"). One process runs one (attack, data, B) cell, so cells can run in parallel.
@@ -67,13 +68,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--iterations", type=int, help="DLG/iDLG max_iterations.")
     parser.add_argument(
-        "--stop-below", type=float, help="DLG/iDLG stop_below (relative gradient distance); 0 turns the early stop off."
+        "--stop-below",
+        type=float,
+        help="DLG/iDLG stop_below (relative gradient distance); 0: no early stop (default: the attack's, auto).",
     )
     parser.add_argument("--restarts", type=int, help="DLG/iDLG restarts (default: the attack's).")
     parser.add_argument("--keep-best-after", type=int, help="DLG/iDLG keep_best_after (default: the attack's).")
     parser.add_argument("--init", choices=["rand", "randn"], help="DLG/iDLG start (default: the attack's, rand).")
     parser.add_argument(
-        "--tv-weight", type=float, help="DLG/iDLG total-variation prior weight (default: the attack's, 0)."
+        "--tv-weight", type=float, help="DLG/iDLG total-variation prior weight (default: the attack's, auto)."
     )
     parser.add_argument("--grnn-iterations", type=int)
     parser.add_argument("--seed", type=int)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName
+from lightning_fl.attacks.gradient_matching import Auto, GradientMatchingAttack, InitName
 from lightning_fl.attacks.labels import LabelStrategy, infer_labels
 
 __all__ = ["IDLGAttack", "infer_labels"]
@@ -23,7 +23,8 @@ class IDLGAttack(GradientMatchingAttack):
 
     Paper defaults as DLG's (L-BFGS lr 1, N(0, 1) dummy data, the DLG LeNet); the paper's label rule holds for
     one image with non-negative penultimate features. Deviations as :class:`~lightning_fl.attacks.DLGAttack`'s:
-    U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``.
+    U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``, and
+    for a batch (B > 1) DLG's ``"auto"`` batch settings (a total-variation prior, no early stop).
     Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of
     :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
 
@@ -34,14 +35,15 @@ class IDLGAttack(GradientMatchingAttack):
         label_strategy: ``"idlg"`` (the paper, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
         init: starting images.
         stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
-            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``.
+            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``; ``"auto"``: 3e-8
+            for one image, ``None`` for a batch (as :class:`~lightning_fl.attacks.dlg.DLGAttack`'s).
         keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
             ``None`` runs every restart to the end.
         recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (the paper's loop has
             neither; docs/attacks.md "Natural photos").
-        tv_weight: weight of a total-variation prior on the images (not in the paper; 0, the default, is the
-            paper's objective); as :class:`~lightning_fl.attacks.dlg.DLGAttack`'s, for batches.
+        tv_weight: weight of a total-variation prior on the images (not in the paper; 0 is the paper's objective);
+            ``"auto"``: 0 for one image, 1e-3 for a batch (as :class:`~lightning_fl.attacks.dlg.DLGAttack`'s).
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all (the classifier weight must be among them).
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data.
@@ -62,10 +64,10 @@ class IDLGAttack(GradientMatchingAttack):
         label_strategy: LabelStrategy = "idlg",
         init: InitName = "rand",
         layers: Sequence[str] | None = None,
-        stop_below: float | None = 3e-8,
+        stop_below: float | Auto | None = "auto",
         keep_best_after: int | None = 100,
         recover_stalled: bool = True,
-        tv_weight: float = 0.0,
+        tv_weight: float | Auto = "auto",
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:

@@ -46,8 +46,8 @@ class InvertingGradientsAttack(GradientMatchingAttack):
         seed: seed of the starting images.
 
     Example:
-        >>> InvertingGradientsAttack(restarts=2).regularisers
-        [TotalVariation(weight=0.0001)]
+        >>> InvertingGradientsAttack(restarts=2).tv_weight
+        0.0001
     """
 
     name = "inverting_gradients"

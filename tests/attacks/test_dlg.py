@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from lightning_fl.attacks import DLGAttack
+import pytest
+import torch
+
+from lightning_fl.attacks import DLGAttack, IDLGAttack
 from lightning_fl.attacks.metrics import score_reconstruction
+from lightning_fl.messages import ServerView
 from tests.attacks.views import digits_view
 
 
@@ -27,10 +31,25 @@ def test_dlg_reports_every_iteration_to_the_callback() -> None:
     assert [loss for _, loss in seen] == reconstruction.loss_history
 
 
-def test_dlg_tv_weight_adds_the_total_variation_prior_and_is_off_by_default() -> None:
-    # the batch setting (docs/attacks.md "Batch recovery"); 0 keeps the paper's objective for B = 1
-    view, _ = digits_view(batch_size=2, image_size=16)
-    plain = DLGAttack(max_iterations=1, restarts=1, progress_bar=False)
-    prior = DLGAttack(max_iterations=1, restarts=1, tv_weight=1e-3, progress_bar=False)
-    assert plain.regularisers == []
-    assert prior.reconstruct(view).loss_history[0] > plain.reconstruct(view).loss_history[0]
+@pytest.mark.parametrize("attack", [DLGAttack, IDLGAttack])
+def test_auto_batch_settings_add_the_prior_and_drop_the_stop_for_batches_only(attack: type) -> None:
+    # docs/attacks.md "Batch recovery": TV 1e-3 and no early stop recover B = 8 digits where the paper's objective
+    # does not; one image (also an update of one-image steps) keeps the paper's objective and the stop
+    def prior_and_stop(view: ServerView, **settings: object) -> tuple[bool, float | None]:
+        problem = attack(progress_bar=False, **settings).problem(view)
+        total, gap = problem.objective(problem.images, problem.label_input)
+        return bool((total > gap).all()), problem.stop_below
+
+    single, pair = digits_view(batch_size=1)[0], digits_view(batch_size=2, distinct_labels=True)[0]
+    assert prior_and_stop(single) == prior_and_stop(digits_view(local_steps=3)[0]) == (False, 3e-8)
+    assert prior_and_stop(pair) == (True, None)
+    assert prior_and_stop(pair, tv_weight=0.0, stop_below=3e-8) == (False, 3e-8)
+    assert prior_and_stop(single, tv_weight=1e-3, stop_below=None) == (True, None)
+
+
+def test_dlg_auto_settings_leave_one_image_bit_identical_to_the_papers_objective() -> None:
+    view, _ = digits_view(batch_size=1)
+    paper = DLGAttack(max_iterations=30, tv_weight=0.0, stop_below=3e-8, progress_bar=False).reconstruct(view)
+    auto = DLGAttack(max_iterations=30, progress_bar=False).reconstruct(view)
+    assert auto.loss_history == paper.loss_history
+    assert torch.equal(auto.images, paper.images)
