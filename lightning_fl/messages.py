@@ -58,7 +58,9 @@ class ServerView:
         kind: ``"gradient"`` or ``"update"``.
         metadata: public metadata: ``round_idx``, ``client_id`` (``None`` for the aggregate),
             ``local_steps``, ``local_epochs``, ``lr``, ``batch_size``, ``num_samples``, ``num_classes``,
-            ``input_shape``; at ``local_gradient`` also ``step``, the 0-based local step.
+            ``input_shape``; at ``local_gradient`` also ``step``, the 0-based local step; ``inputs``:
+            ``"images"`` when absent, ``"features"`` for a view whose model input is an intermediate output
+            (FDL-PP's cut), where attacks use no image prior.
     """
 
     leak_point: LeakPoint

@@ -222,7 +222,7 @@ def _public_view(view: ServerView, cut: nn.Module, feature_shape: Sequence[int])
     wrapper = _PublicModel(view.model, cut, view.metadata["input_shape"])
     public = public_state(view.model)
     tensors = {f"model.{name}": tensor for name, tensor in view.tensors.items() if name in public}
-    metadata = {**view.metadata, "input_shape": tuple(feature_shape)}
+    metadata = {**view.metadata, "input_shape": tuple(feature_shape), "inputs": "features"}
     return ServerView(view.leak_point, wrapper, tensors, view.kind, metadata)
 
 

@@ -14,6 +14,7 @@ from lightning_fl.attacks.metrics import match_reconstructions, psnr, ssim
 from lightning_fl.attacks.model_inversion import (
     ColludingClientInversion,
     MIFace,
+    _public_view,
     forward_to_cut,
     private_cut,
 )
@@ -77,6 +78,21 @@ def test_colluding_inversion_recovers_the_private_output_and_the_image() -> None
     recovered = psnr(reconstruction.images[rows], images[cols])
     assert recovered.min() > 30  # measured 48 dB
     assert recovered.mean() > psnr(random_images, images).mean() + 20
+
+
+def test_the_feature_attack_at_the_cut_gets_no_image_prior_for_a_batch() -> None:
+    """DLG's "auto" batch settings add a total-variation prior for B > 1 images; the private output recovered at
+    FDL-PP's cut is feature maps, where that prior cost 15 dB (docs/attacks.md), so the public view says so."""
+    model, dm = _split_lenet()
+    images, labels = dm.sample_batch(0, 2, seed=0)
+    view = client_view(model, images, labels, num_classes=dm.num_classes)
+    cut = private_cut(view.model, input_shape=(1, 16, 16))
+    public = _public_view(view, cut, forward_to_cut(view.model, cut, images).shape[1:])
+    assert public.metadata["inputs"] == "features" and "inputs" not in view.metadata
+    for checked, has_prior in ((public, False), (view, True)):
+        problem = DLGAttack(progress_bar=False).problem(checked)
+        total, gap = problem.objective(problem.images, problem.label_input)
+        assert bool((total > gap).all()) is has_prior and problem.stop_below is None
 
 
 def test_colluding_inversion_fails_when_the_colluder_private_layers_differ() -> None:
