@@ -31,12 +31,14 @@ class DLGAttack(GradientMatchingAttack):
     once the gradient distance is below ``stop_below`` times ``sum ||g||^2`` (about 32-42 dB on the LeNet)
     instead of running its whole budget; a restart that L-BFGS threw into the sigmoids' saturation (or that
     diverged) is re-drawn or sent back to its best iterate (``recover_stalled``). For a batch (B > 1 images per
-    gradient) the ``"auto"`` defaults add a total-variation prior and drop the early stop
+    gradient) the ``"auto"`` defaults add a total-variation prior, drop the early stop and run the paper's budget
     (:meth:`~lightning_fl.attacks.gradient_matching.GradientMatchingAttack.batch_settings`); one image keeps the
-    paper's objective and the stop, bit for bit.
+    paper's objective, the stop and 3000 evaluations, bit for bit.
 
     Args:
-        max_iterations: L-BFGS iterations (objective evaluations) per restart.
+        max_iterations: L-BFGS iterations (objective evaluations) per restart; ``"auto"``: 3000 for one image
+            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop
+            (a client's first 8 digits: 6 of 8 images at 3000, 8 of 8 at 6000).
         lr: L-BFGS step size (1 in the paper).
         restarts: random starts run together.
         init: starting images (``randn`` in the paper, ``rand`` here).
@@ -70,7 +72,7 @@ class DLGAttack(GradientMatchingAttack):
     def __init__(
         self,
         *,
-        max_iterations: int = 3000,
+        max_iterations: int | Auto = "auto",
         lr: float = 1.0,
         restarts: int = 4,
         init: InitName = "rand",

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +40,12 @@ from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.messages import ServerView
 
 __all__ = [
+    "BATCH_MAX_ITERATIONS",
     "BATCH_TV_WEIGHT",
     "DISTANCES",
+    "SINGLE_MAX_ITERATIONS",
     "SINGLE_STOP_BELOW",
+    "BatchSettings",
     "DistanceName",
     "GradientMatchingAttack",
     "MatchingProblem",
@@ -67,9 +70,25 @@ Step = Callable[[Sequence[Tensor]], None]
 BATCH_TV_WEIGHT = 1e-3
 """``tv_weight="auto"`` on a batch (B > 1): DLG's objective with this total-variation prior recovered B = 8 digits on
 4 of 4 seeds where the plain objective (0) converged to half-recovered images (docs/attacks.md, "Batch recovery")."""
+SINGLE_MAX_ITERATIONS = 3000
+"""``max_iterations="auto"`` on one image: the early stop ends most runs first (about 900-2300 evaluations on 32x32
+photo crops; docs/attacks.md, "Parity")."""
+BATCH_MAX_ITERATIONS = 6000
+"""``max_iterations="auto"`` on a batch, which runs without an early stop: the DLG paper's budget (300 L-BFGS steps of
+20 evaluations). A client's first 8 digits (two labels repeated) through ``lightning-fl attack``: 6 of 8 images at
+3000 evaluations (22.1 dB), all 8 at 6000 (35.9 dB); photo pairs 0 of 3 seeds at 3000, 2 of 4 at 6000."""
 SINGLE_STOP_BELOW = 3e-8
 """``stop_below="auto"`` on one image: about 32-42 dB on the LeNet (docs/attacks.md, "Parity"); on a batch "auto" is no
 early stop, because the gradient distance reaches this on half-recovered batches (B = 8 digits: 7 of 8 images)."""
+
+
+class BatchSettings(NamedTuple):
+    """What the ``"auto"`` arguments of a gradient-matching attack resolve to for one view (see
+    :meth:`GradientMatchingAttack.batch_settings`)."""
+
+    tv_weight: float
+    stop_below: float | None
+    max_iterations: int
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -365,6 +384,7 @@ class MatchingProblem:
         redraw: ``count -> fresh starts of variables``: new random values for each of ``variables``, ``(count, ...)``,
             from the same seeded generator as the first starts.
         stop_below: the early-stop threshold on the relative gradient distance for this batch (``None``: no stop).
+        max_iterations: the iteration budget for this batch.
     """
 
     objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -374,7 +394,8 @@ class MatchingProblem:
     gap_scale: float
     single: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
     redraw: Callable[[int], list[Tensor]]
-    stop_below: float | None = None
+    stop_below: float | None
+    max_iterations: int
 
 
 class GradientMatchingAttack(GradientAttack):
@@ -384,7 +405,8 @@ class GradientMatchingAttack(GradientAttack):
         distance: ``"euclidean"`` (DLG) or ``"cosine"`` (Inverting Gradients); see :data:`DISTANCES`.
         optimizer: ``"lbfgs"`` (:class:`BatchedLBFGS`, no line search) or ``"adam"``.
         lr: optimiser step size.
-        max_iterations: objective evaluations per restart.
+        max_iterations: objective evaluations per restart; ``"auto"``: :data:`SINGLE_MAX_ITERATIONS` for one image,
+            :data:`BATCH_MAX_ITERATIONS` for a batch (B > 1), see :meth:`batch_settings`.
         restarts: independent random starts, run as one batched computation; the one with the smallest final
             gradient distance wins.
         labels: ``"optimise"`` soft labels jointly (DLG) or ``"infer"`` them analytically first (iDLG).
@@ -443,7 +465,7 @@ class GradientMatchingAttack(GradientAttack):
             if value not in allowed:
                 raise ValueError(f"{type(self).__name__}({field}={value!r}) is unknown; use one of {sorted(allowed)}.")
         for field, value in {"lr": lr, "max_iterations": max_iterations, "restarts": restarts}.items():
-            if value <= 0:
+            if value != "auto" and value <= 0:
                 raise ValueError(f"{type(self).__name__}({field}={value}) must be > 0.")
         if stop_below not in (None, "auto") and stop_below <= 0:
             raise ValueError(f"{type(self).__name__}(stop_below={stop_below}) must be > 0, None or 'auto'.")
@@ -464,25 +486,31 @@ class GradientMatchingAttack(GradientAttack):
         self.layers = list(layers) if layers is not None else None
         self.progress_bar, self.seed = progress_bar, seed
 
-    def batch_settings(self, batch_size: int, *, images: bool = True) -> tuple[float, float | None]:
-        """The total-variation weight and early-stop threshold used when each (simulated) gradient is of
-        ``batch_size`` inputs: explicit values as given, ``"auto"`` ones resolved by the batch size (one input: no
-        prior, stop at :data:`SINGLE_STOP_BELOW`, the paper's objective; B > 1: the prior :data:`BATCH_TV_WEIGHT` and
-        no stop, measured in docs/attacks.md, "Batch recovery"). An update of T steps of one image each counts as
-        B = 1 (not measured as a batch). ``images=False`` (the view's ``metadata["inputs"] == "features"``, e.g.
-        the private output recovered at FDL-PP's cut) never gets the prior: total variation is an image prior, and
-        on two feature maps it cost 15 dB (48.8 -> 33.9 dB, ``configs/model_inversion_fdlpp_digits.yaml``).
+    def batch_settings(self, batch_size: int, *, images: bool = True) -> BatchSettings:
+        """The total-variation weight, early-stop threshold and iteration budget used when each (simulated) gradient
+        is of ``batch_size`` inputs: explicit values as given, ``"auto"`` ones resolved by the batch size (one input:
+        no prior, stop at :data:`SINGLE_STOP_BELOW`, :data:`SINGLE_MAX_ITERATIONS`: the paper's objective; B > 1:
+        the prior :data:`BATCH_TV_WEIGHT`, no stop, :data:`BATCH_MAX_ITERATIONS`; measured in docs/attacks.md,
+        "Batch recovery"). An update of T steps of one image each counts as B = 1 (not measured as a batch).
+        ``images=False`` (the view's ``metadata["inputs"] == "features"``, e.g. the private output recovered at
+        FDL-PP's cut) never gets the prior: total variation is an image prior, and on two feature maps it cost
+        15 dB (48.8 -> 33.9 dB, ``configs/model_inversion_fdlpp_digits.yaml``).
 
         Example:
-            >>> attack = GradientMatchingAttack(tv_weight="auto", stop_below="auto")
-            >>> attack.batch_settings(1), attack.batch_settings(8), attack.batch_settings(8, images=False)
-            ((0.0, 3e-08), (0.001, None), (0.0, None))
+            >>> attack = GradientMatchingAttack(tv_weight="auto", stop_below="auto", max_iterations="auto")
+            >>> attack.batch_settings(1)
+            BatchSettings(tv_weight=0.0, stop_below=3e-08, max_iterations=3000)
+            >>> attack.batch_settings(8), attack.batch_settings(8, images=False).tv_weight
+            (BatchSettings(tv_weight=0.001, stop_below=None, max_iterations=6000), 0.0)
         """
         batch = batch_size > 1
         auto_tv = BATCH_TV_WEIGHT if batch and images else 0.0
-        tv_weight = auto_tv if self.tv_weight == "auto" else float(self.tv_weight)
-        stop_below = (None if batch else SINGLE_STOP_BELOW) if self.stop_below == "auto" else self.stop_below
-        return tv_weight, stop_below
+        auto_iterations = BATCH_MAX_ITERATIONS if batch else SINGLE_MAX_ITERATIONS
+        return BatchSettings(
+            tv_weight=auto_tv if self.tv_weight == "auto" else float(self.tv_weight),
+            stop_below=(None if batch else SINGLE_STOP_BELOW) if self.stop_below == "auto" else self.stop_below,
+            max_iterations=auto_iterations if self.max_iterations == "auto" else int(self.max_iterations),
+        )
 
     def _known_labels(self, view: ServerView, target: MatchingTarget, num_classes: int) -> Tensor:
         weight = last_layer_weight_name(view.model, num_classes=num_classes)
@@ -528,9 +556,8 @@ class GradientMatchingAttack(GradientAttack):
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
         distance = DISTANCES[self.distance]
-        images_in = view.metadata.get("inputs", "images") == "images"
-        tv_weight, stop_below = self.batch_settings(target.data_per_step, images=images_in)
-        regularisers = [TotalVariation(tv_weight)] if tv_weight > 0 else []
+        settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
+        regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             candidate = simulated_pseudo_gradient(
@@ -549,26 +576,35 @@ class GradientMatchingAttack(GradientAttack):
         gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
         batched, single = _over_restarts(objective, restarts=self.restarts), _over_restarts(objective, restarts=1)
         return MatchingProblem(
-            batched, images, label_input, variables, max(gap_scale, 1e-30), single, redraw, stop_below
+            batched,
+            images,
+            label_input,
+            variables,
+            max(gap_scale, 1e-30),
+            single,
+            redraw,
+            settings.stop_below,
+            settings.max_iterations,
         )
 
-    def iterate(self, view: ServerView) -> Iterator[MatchingState]:
+    def iterate(self, view: ServerView, *, problem: MatchingProblem | None = None) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.
 
         :meth:`reconstruct` consumes this; benchmarks and notebooks can watch or stop it early. The states'
-        tensors live on the attacked model's device.
+        tensors live on the attacked model's device. ``problem``: ``self.problem(view)`` made beforehand (to read
+        its iteration budget first); made here when ``None``.
         """
-        problem = self.problem(view)
+        problem = problem if problem is not None else self.problem(view)
         images, label_input, variables = problem.images, problem.label_input, problem.variables
         objective = problem.objective
         # a victim that already predicts its image with p ~ 1 leaks a gradient so small (sum ||g||^2 = 4e-5 measured)
         # that the plain distance sits below L-BFGS's absolute tolerances (torch's) from the start: the optimiser
         # then sees the distance relative to sum ||g||^2 (unchanged when that is >= 1, the usual case)
         unit = min(problem.gap_scale, 1.0)
-        step, keep, reset = self._stepper(variables)
+        step, keep, reset = self._stepper(variables, problem.max_iterations)
         ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
         recovery = _Recovery(variables, vanished=1e-7) if self.recover_stalled else None
-        for iteration in range(self.max_iterations):
+        for iteration in range(problem.max_iterations):
             if iteration == self.keep_best_after and len(ids) > 1:
                 best = int(relative.nan_to_num(torch.inf).argmin())
                 rows = torch.tensor([best], device=images.device)
@@ -613,7 +649,7 @@ class GradientMatchingAttack(GradientAttack):
         return labels[torch.stack(orders)]
 
     def _stepper(
-        self, variables: list[Tensor]
+        self, variables: list[Tensor], max_iterations: int
     ) -> tuple[Step, Callable[[Tensor, list[Tensor]], Step], Callable[[Tensor], None]]:
         """The update rule: a function taking the gradients of ``variables`` and updating them in place, and (for
         L-BFGS) ``keep(rows, new_variables)``, which drops all other restarts and returns the rule for the rest,
@@ -628,7 +664,7 @@ class GradientMatchingAttack(GradientAttack):
             return self._lbfgs_step(lbfgs, variables), keep, lbfgs.reset
         images = variables[0]
         adam = torch.optim.Adam(variables, lr=self.lr)
-        third = self.max_iterations / 8
+        third = max_iterations / 8
         milestones = [int(3 * third), int(5 * third), int(7 * third)] if self.lr_decay else []
         schedule = torch.optim.lr_scheduler.MultiStepLR(adam, milestones=milestones, gamma=0.1)
 
@@ -677,8 +713,9 @@ class GradientMatchingAttack(GradientAttack):
         history: list[tuple[Tensor, Tensor]] = []
         state: MatchingState | None = None
         with Progress(disable=not self.progress_bar, transient=True) as progress:
-            task = progress.add_task(f"{self.name} attack", total=self.max_iterations)
-            for state in self.iterate(view):
+            problem = self.problem(view)
+            task = progress.add_task(f"{self.name} attack", total=problem.max_iterations)
+            for state in self.iterate(view, problem=problem):
                 history.append((state.losses.cpu(), state.restart_ids))
                 if callback is not None:
                     callback(state.iteration, float(state.losses.nan_to_num(torch.inf).min()))
@@ -706,6 +743,6 @@ class GradientMatchingAttack(GradientAttack):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(distance={self.distance!r}, optimizer={self.optimizer!r}, lr={self.lr}, "
-            f"max_iterations={self.max_iterations}, restarts={self.restarts}, labels={self.labels!r}, "
+            f"max_iterations={self.max_iterations!r}, restarts={self.restarts}, labels={self.labels!r}, "
             f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r})"
         )

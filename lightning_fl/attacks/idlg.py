@@ -24,12 +24,14 @@ class IDLGAttack(GradientMatchingAttack):
     Paper defaults as DLG's (L-BFGS lr 1, N(0, 1) dummy data, the DLG LeNet); the paper's label rule holds for
     one image with non-negative penultimate features. Deviations as :class:`~lightning_fl.attacks.DLGAttack`'s:
     U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``, and
-    for a batch (B > 1) DLG's ``"auto"`` batch settings (a total-variation prior, no early stop).
+    for a batch (B > 1) DLG's ``"auto"`` batch settings (a total-variation prior, no early stop, 6000 evaluations).
     Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of
     :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
 
     Args:
-        max_iterations: L-BFGS iterations (objective evaluations) per restart.
+        max_iterations: L-BFGS iterations (objective evaluations) per restart; ``"auto"``: 3000 for one image
+            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop
+            (a client's first 8 digits: 6 of 8 images at 3000, 8 of 8 at 6000).
         lr: L-BFGS step size.
         restarts: random starts run together; the best final gradient distance wins.
         label_strategy: ``"idlg"`` (the paper, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
@@ -58,7 +60,7 @@ class IDLGAttack(GradientMatchingAttack):
     def __init__(
         self,
         *,
-        max_iterations: int = 3000,
+        max_iterations: int | Auto = "auto",
         lr: float = 1.0,
         restarts: int = 4,
         label_strategy: LabelStrategy = "idlg",

@@ -290,8 +290,9 @@ class ColludingClientInversion(GradientAttack):
         public_view = _public_view(view, cut, feature_shape)
         final: MatchingState | None = None
         with Progress(disable=not self.progress_bar, transient=True) as progress:
-            task = progress.add_task("colluding MI: private output", total=self.feature_attack.max_iterations)
-            for state in self.feature_attack.iterate(public_view):
+            problem = self.feature_attack.problem(public_view)
+            task = progress.add_task("colluding MI: private output", total=problem.max_iterations)
+            for state in self.feature_attack.iterate(public_view, problem=problem):
                 progress.advance(task)
                 final = state
         assert final is not None  # the feature attack checks max_iterations > 0
