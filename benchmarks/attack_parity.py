@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _config import parse_args
+from _timing import clock
 from torch import Tensor, nn
 
 from lightning_fl.attacks import DLGAttack, IDLGAttack, InvertingGradientsAttack
@@ -55,14 +56,6 @@ from lightning_fl.models import LeNetDLG
 
 SUCCESS_PSNR, SUCCESS_SSIM = 30.0, 0.6
 DEVICE = torch.device("cpu")
-
-
-def _clock() -> float:
-    """Process CPU seconds on the CPU; wall seconds after a synchronise on a GPU (``--device cuda``)."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-        return time.perf_counter()
-    return time.process_time()
 
 
 @dataclass
@@ -103,14 +96,14 @@ class _Clock:
     """Process CPU time with pauses for the (untimed) success checks."""
 
     def __init__(self) -> None:
-        self.spent, self.started = 0.0, _clock()
+        self.spent, self.started = 0.0, clock(DEVICE)
 
     def pause(self) -> float:
-        self.spent += _clock() - self.started
+        self.spent += clock(DEVICE) - self.started
         return self.spent
 
     def resume(self) -> None:
-        self.started = _clock()
+        self.started = clock(DEVICE)
 
 
 def reference_dlg(view: ServerView, truth: Tensor, *, seed: int, infer_label: bool) -> tuple[Tensor, int, dict]:
@@ -289,9 +282,9 @@ def run_job(job: Job) -> Result:
         )
     else:
         engine = (DLGAttack if job.attack == "dlg" else IDLGAttack)(progress_bar=False, seed=seed)
-    start = _clock()
+    start = clock(DEVICE)
     reconstruction = engine.reconstruct(view)
-    info = {"cpu_s": _clock() - start, "to": None, "evals": reconstruction.info["iterations"]}
+    info = {"cpu_s": clock(DEVICE) - start, "to": None, "evals": reconstruction.info["iterations"]}
     label_ok = reconstruction.labels is not None and int(reconstruction.labels[0]) == label
     return _score(job.attack, job.side, job.victim.name, job.source, seed, reconstruction.images, image, label_ok, info)
 

@@ -87,7 +87,7 @@ class Reference:
         opt = torch.optim.Adam([dummy], lr=self.attack.lr)  # inversefed GradientReconstructor._run_trial
         n = self.attack.max_iterations
         schedule = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[n // 2.667, n // 1.6, n // 1.142], gamma=0.1)
-        tv = self.attack.batch_settings(len(self.onehot))[0]
+        tv = self.attack.batch_settings(len(self.onehot)).tv_weight
         for _ in range(evaluations):
 
             def closure() -> torch.Tensor:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from _config import parse_args
+from _timing import clock
 
 from lightning_fl.attacks import GRNN, DLGAttack, IDLGAttack
 from lightning_fl.attacks.metrics import match_reconstructions, psnr, ssim
@@ -47,18 +46,6 @@ def batch(data: str, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
             break
     index = torch.tensor(chosen)
     return dataset.images[index], dataset.labels[index] % 10, dataset.images.shape[1]
-
-
-def _clock(device: torch.device) -> Callable[[], float]:
-    """Process CPU seconds on the CPU; wall seconds after a synchronise on a GPU."""
-    if device.type != "cuda":
-        return time.process_time
-
-    def wall() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return wall
 
 
 def main() -> None:
@@ -99,10 +86,9 @@ def main() -> None:
         passed = ("restarts", "keep_best_after", "init", "tv_weight")
         options |= {k: v for k in passed if (v := getattr(args, k)) is not None}
         attack = make(max_iterations=args.iterations, progress_bar=False, seed=args.seed, **options)
-    clock = _clock(torch.device(args.device))
-    start = clock()
+    start = clock(args.device)
     reconstruction = attack.reconstruct(view)
-    seconds = clock() - start
+    seconds = clock(args.device) - start
     rows, cols = match_reconstructions(reconstruction.images, images)
     per_ssim = ssim(reconstruction.images[rows], images[cols])
     per_psnr = psnr(reconstruction.images[rows], images[cols])
