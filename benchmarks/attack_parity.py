@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import signal
 import statistics
 import tempfile
 import time
@@ -291,7 +292,8 @@ def run_job(job: Job) -> Result:
 
 def run_jobs(jobs: list[Job], workers: int, deadline_s: float | None, report: Callable[[Result], None]) -> list[Job]:
     """Run ``jobs`` (in order, ``workers`` at a time in spawned processes when ``workers > 1``), calling ``report``
-    with each result as it arrives; at ``deadline_s`` seconds the workers are killed. Returns the unfinished jobs."""
+    with each result as it arrives; at ``deadline_s`` seconds, or on Ctrl+C or SIGTERM, the workers are killed.
+    Returns the unfinished jobs."""
     started = time.perf_counter()
     if workers <= 1:
         for k, job in enumerate(jobs):
@@ -302,6 +304,8 @@ def run_jobs(jobs: list[Job], workers: int, deadline_s: float | None, report: Ca
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
+    # SIGTERM raises like Ctrl+C, so that the finally below also stops the workers (else they run on, orphaned)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
     pending = {pool.submit(run_job, job): job for job in jobs}
     try:
