@@ -16,8 +16,8 @@ from lightning_fl.defences import __all__ as _defences
 from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
 from lightning_fl.federation.export import load_global_model, save_global_model
 from lightning_fl.federation.failures import ClientFailure, ServerSideError
-from lightning_fl.federation.flower import FlowerFederation
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.flower import FlowerFederation
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
 from lightning_fl.models import __all__ as _models

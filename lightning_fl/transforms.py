@@ -10,7 +10,9 @@
   per-client noise on the global model).
 
 Transforms are applied in list order. Each may keep state across rounds (an accountant) through
-``state_dict``/``load_state_dict``, which the loop checkpoints, and may inspect the run once in ``setup``.
+``state_dict``/``load_state_dict``, which the loop checkpoints, and may inspect the run once in ``setup``
+(server side: a :class:`~lightning_fl.contexts.SetupContext`, no client state). A client transform also gets a
+client-side set-up, ``setup_clients``, with the clients' own states (a key ceremony).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import Tensor
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, RoundContext, SetupContext
+    from lightning_fl.contexts import ClientContext, ClientSetupContext, RoundContext, SetupContext
 
 __all__ = ["BroadcastTransform", "ClientTransform", "ServerTransform"]
 
@@ -45,6 +47,10 @@ class ClientTransform(_Stateful, ABC):
     @abstractmethod
     def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
         """Transform and return; see the class docstring."""
+
+    def setup_clients(self, ctx: ClientSetupContext) -> None:
+        """Client side, once before the first round (after ``setup``): read or write the clients' own states, e.g.
+        share a key pair or restore per-client counters. The default does nothing."""
 
     def decode_aggregate(self, aggregate: Any, *, ctx: ClientContext) -> Any:
         """Client-side, after aggregation: undo this transform's encoding on what the server returns.

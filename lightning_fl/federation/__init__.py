@@ -1,13 +1,13 @@
-"""The federation: the loop (orchestration only), the contexts plug-ins receive, and the loop's parts.
+"""The federation: the loop (orchestration only) and its parts; the contexts plug-ins receive are re-exported
+from :mod:`lightning_fl.contexts`.
 
-Contexts are imported eagerly; the loop and its parts lazily, because the plug-ins the loop imports
-(transforms, aggregators, defences) themselves import the contexts.
+The loop and its parts are imported lazily, so importing a context does not import the loop.
 """
 
 from importlib import import_module
 from typing import Any
 
-from lightning_fl.federation.contexts import (
+from lightning_fl.contexts import (
     ClientContext,
     ClientState,
     FederationSpec,
@@ -22,8 +22,6 @@ _LAZY = {
     "ClientRunner": "lightning_fl.federation.client_runner",
     "Checkpoint": "lightning_fl.federation.checkpoint",
     "Evaluator": "lightning_fl.federation.evaluation",
-    "FlowerFederation": "lightning_fl.federation.flower",
-    "FlowerPool": "lightning_fl.federation.flower",
     "LeakPoints": "lightning_fl.federation.leak_points",
     "LocalGradientSource": "lightning_fl.federation.leak_points",
     "RankPool": "lightning_fl.federation.distributed",
@@ -50,8 +48,6 @@ __all__ = [
     "FederatedLoop",
     "FederationSpec",
     "FederationView",
-    "FlowerFederation",
-    "FlowerPool",
     "LeakPoints",
     "LocalGradientSource",
     "RankPool",

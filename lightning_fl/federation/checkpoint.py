@@ -6,8 +6,7 @@ the manifest (``manifest.json``), written last and atomically: it names the roun
 (clients that did not train keep the file of their last round) with its SHA-256, and the fingerprint of the
 settings that define the federation. Resume loads only what the manifest names, after checking the digests and
 the fingerprint; files of a round that was never committed are deleted. Server and client state therefore always
-come from the same round (a crash between the server file and the client files used to resume with stale client
-secrets).
+come from the same round.
 
 The manifest holds file names and digests only; private client state lives only in ``clients/`` (client-side
 storage) and never enters a server file. Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until
@@ -23,16 +22,21 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
-from lightning_fl.federation.contexts import ClientState
-from lightning_fl.private import load_state_into
+from lightning_fl.contexts import ClientState
+from lightning_fl.private import load_state_into, public_state
 
-__all__ = ["Checkpoint", "atomic_write", "fingerprint_changes", "held_signals"]
+if TYPE_CHECKING:
+    from lightning_fl.federation.client_runner import ClientRunner
+
+__all__ = ["Checkpoint", "RunParts", "atomic_write", "fingerprint_changes", "held_signals"]
 
 FORMAT = 1
 """Version of the manifest layout."""
@@ -83,6 +87,36 @@ def fingerprint_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -
     return [f"{k}: {stored.get(k)!r} there, {current.get(k)!r} now" for k in keys if stored.get(k) != current.get(k)]
 
 
+class Stateful(Protocol):
+    """A part whose state a checkpoint stores (``state_dict``) and restores (``load_state_dict``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What a run commits each round and restores on resume.
+
+    Args:
+        global_model: the global model (its public state is the server's file; its private layers the initial ones).
+        components: the stateful server-side parts (selector, aggregator, transforms), in checkpoint order.
+        callbacks: the FL callbacks (their ``state_dict``).
+        recorder: the run's history and attack results.
+        runner: the client store (each client's own state, the initial private layers).
+        fingerprint: computes the settings that define the federation (see
+            :func:`~lightning_fl.federation.fingerprint.federation_fingerprint`).
+    """
+
+    global_model: nn.Module
+    components: Sequence[Stateful]
+    callbacks: Sequence[Stateful]
+    recorder: Stateful
+    runner: ClientRunner
+    fingerprint: Callable[[], dict[str, Any]]
+
+
 class Checkpoint:
     """Where one run commits its rounds (see the module docstring for the layout).
 
@@ -96,10 +130,10 @@ class Checkpoint:
         self._kept: dict[str, Any] = {"initial_private": None, "clients": {}}  # committed files still current
         self._fingerprint: dict[str, Any] | None = None
 
-    def fingerprint(self, loop: Any) -> dict[str, Any]:
-        """``loop.fingerprint()``, computed once: it is fixed for a run and hashes every client's partition."""
+    def fingerprint(self, parts: RunParts) -> dict[str, Any]:
+        """``parts.fingerprint()``, computed once: it is fixed for a run and hashes every client's partition."""
         if self._fingerprint is None:
-            self._fingerprint = loop.fingerprint()
+            self._fingerprint = parts.fingerprint()
         return self._fingerprint
 
     @property
@@ -150,21 +184,21 @@ class Checkpoint:
         return manifest
 
     # -- writing ---------------------------------------------------------------------------------------
-    def save_run(self, loop: Any, touched: Iterable[int]) -> None:
-        """Commit ``loop``'s completed round: server state, the touched clients' state, then the manifest."""
+    def save_run(self, parts: RunParts, *, round_idx: int, touched: Iterable[int]) -> None:
+        """Commit the rounds before ``round_idx``: server state, the touched clients' state, then the manifest."""
         server = {
-            "round_idx": loop.round_idx,
-            "global_state": {k: v.detach().cpu() for k, v in loop.global_public_state().items()},
-            "components": [c.state_dict() for c in loop.components()],
-            "callbacks": [cb.state_dict() for cb in loop.callbacks],
-            **loop.recorder.state_dict(),
+            "round_idx": round_idx,
+            "global_state": {k: v.detach().cpu() for k, v in public_state(parts.global_model).items()},
+            "components": [c.state_dict() for c in parts.components],
+            "callbacks": [cb.state_dict() for cb in parts.callbacks],
+            **parts.recorder.state_dict(),
         }
         self.save(
             server,
-            round_idx=loop.round_idx,
-            clients=loop.runner.state_dicts(touched),
-            initial_private=loop.runner.initial_private,
-            fingerprint=self.fingerprint(loop),
+            round_idx=round_idx,
+            clients=parts.runner.state_dicts(list(touched)),
+            initial_private=parts.runner.initial_private,
+            fingerprint=self.fingerprint(parts),
         )
 
     def save(
@@ -256,35 +290,30 @@ class Checkpoint:
             )
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
-    def load_server(self) -> dict[str, Any] | None:
-        """The server state of the last committed round, or ``None`` when there is none."""
-        manifest = self.read_manifest()
-        return self._read(manifest["server"]) if manifest else None
-
-    def restore_run(self, loop: Any) -> bool:
-        """Restore ``loop`` to its last committed round; False when there is none.
+    def restore_run(self, parts: RunParts) -> int | None:
+        """Restore ``parts`` to the last committed round; returns the round to run next, ``None`` without one.
 
         Raises:
             ValueError: see :meth:`check_resumable`.
         """
         if self.read_manifest() is None:
-            return False
-        manifest = self.check_resumable(self.fingerprint(loop))
+            return None
+        manifest = self.check_resumable(self.fingerprint(parts))
         state = self._read(manifest["server"])
-        load_state_into(loop.global_model, state["global_state"])
-        loop.round_idx = int(state["round_idx"])
-        for component, c_state in zip(loop.components(), state["components"], strict=True):
+        load_state_into(parts.global_model, state["global_state"])
+        for component, c_state in zip(parts.components, state["components"], strict=True):
             component.load_state_dict(c_state)
-        for cb, cb_state in zip(loop.callbacks, state["callbacks"], strict=True):
+        for cb, cb_state in zip(parts.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
-        loop.recorder.load_state_dict(state)
+        parts.recorder.load_state_dict(state)
+        runner = parts.runner
         if manifest["initial_private"] is not None:  # the global model's own private layers never change
-            loop.runner.initial_private = self._read(manifest["initial_private"])
-            load_state_into(loop.global_model, loop.runner.initial_private)
+            runner.initial_private = self._read(manifest["initial_private"])
+            load_state_into(parts.global_model, runner.initial_private)
         for k, entry in manifest["clients"].items():
-            loop.runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
+            runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
-        return True
+        return int(state["round_idx"])
 
 
 def _entries(manifest: Mapping[str, Any]) -> list[Mapping[str, str]]:

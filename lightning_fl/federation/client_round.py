@@ -1,11 +1,11 @@
-"""The clients' part of one round: the round trip of each selected client, from downlink to a checked update.
+"""The client step of a round: each selected client's round trip, from downlink to a checked update.
 
-For every selected client, :class:`ClientRound` runs the fit-start callbacks, sends it the global state through the
-downlink (broadcast transforms), trains it (in this process with the gradient tap, or in the worker pool), runs the
+For every selected client, :class:`ClientStep` runs the fit-start callbacks, sends it the global state through the
+downlink (broadcast transforms), trains it (in this process with the gradient tap, or in the client pool), runs the
 fit-end callbacks, encodes the update with the client transforms, drops failed clients (a
 :class:`~lightning_fl.federation.failures.ClientFailure`; any other error propagates), unsound updates and norm
-outliers with a warning, and reports each kept update at the client-update leak point. It also chooses the pool
-(local worker processes, Ray actors or DDP ranks) that trains the clients during one ``fit``.
+outliers with a warning, and reports each kept update at the client-update leak point (type 1). :func:`open_pool`
+chooses the pool (local worker processes, Ray actors or DDP ranks) that trains the clients during one ``fit``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torch import Tensor
 
@@ -26,114 +27,200 @@ from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, RoundContext
-    from lightning_fl.federation.loop import FederatedLoop
+    import lightning as L
 
-__all__ = ["ClientRound"]
+    from lightning_fl.callbacks.base import FederatedCallback
+    from lightning_fl.contexts import ClientContext, RoundContext
+    from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.leak_points import LeakPoints
+    from lightning_fl.federation.updates import Downlink
+    from lightning_fl.federation.view import FederationView
+    from lightning_fl.transforms import ClientTransform
+
+__all__ = ["ClientPool", "ClientStep", "ClientStepResult", "open_pool"]
 
 log = logging.getLogger("lightning_fl.federation.loop")  # client failures stay logged under the loop's name
 
 
-class ClientRound:
-    """Train a round's selected clients for ``loop`` and return their valid updates.
+class ClientPool(Protocol):
+    """Trains whole clients elsewhere (worker processes, Ray actors, DDP ranks, Flower SuperNodes).
 
-    Reads the loop's settings (callbacks, transforms, update-norm bounds, pool) when it runs, as the loop's own
-    methods did, so a setting changed on the loop takes effect in the next round.
+    ``encodes`` says whether the updates it returns were already encoded by the client transforms on the clients'
+    side (Flower's ClientApps run them), so the client step does not encode them again.
     """
 
-    def __init__(self, loop: FederatedLoop) -> None:
-        self.loop = loop
+    encodes: bool
 
-    def run(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
-        """Train ``selected`` and return the updates that pass every check (at least ``loop.min_clients``).
+    def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
+        """Train ``(client_id, round_idx, received)`` for each fit; one result per client id."""
+
+    def collect(self, result: Any) -> ClientUpdate:
+        """The update in ``result``; raises ``ClientFailure`` for a client that failed."""
+
+    def close(self) -> None:
+        """Stop what the pool started."""
+
+
+@dataclass(frozen=True)
+class ClientStepResult:
+    """What the client step returns: the checked updates, and why each dropped client was dropped.
+
+    Args:
+        updates: the updates that passed every check, in the order of the selection.
+        failures: client id to the reason it was dropped (failed, unsound update, norm outlier).
+    """
+
+    updates: list[ClientUpdate]
+    failures: dict[int, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def open_pool(
+    runner: ClientRunner,
+    *,
+    workers: int,
+    backend: Literal["processes", "ray"],
+    ranks: Ranks | None,
+    taps_local_gradients: bool,
+) -> Iterator[ClientPool | None]:
+    """The pool that trains the clients of one ``fit``: ``workers`` processes, Ray actors, or the DDP ``ranks``;
+    ``None`` (train in this process) by default. Closed when the block ends.
+
+    Raises:
+        ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
+    """
+    if workers == 1 and backend == "processes" and ranks is None:
+        yield None
+        return
+    if taps_local_gradients:
+        raise ValueError(
+            "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
+            "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
+        )
+    if ranks is not None:
+        pool: ClientPool = RankPool(runner, ranks)
+    elif backend == "ray":
+        from lightning_fl.federation.ray_backend import RayPool
+
+        pool = RayPool(runner, workers)
+    else:
+        pool = WorkerPool(runner, workers)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+class ClientStep:
+    """Train a round's selected clients and return their checked updates (:meth:`run`).
+
+    Args:
+        runner: trains a client in this process and builds each client's context.
+        pool: trains the clients elsewhere (``None``: in this process, one after the other).
+        downlink: what each client receives (the broadcast transforms).
+        leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
+        client_transforms: the client-side chain each update passes before it is sent (clip, noise, encrypt).
+        client_callbacks: Lightning callbacks added to each client's Trainer.
+        callbacks: the FL callbacks, called with ``federation`` at the start and end of each client fit.
+        federation: the read-only view the FL callbacks receive.
+        max_update_norm_ratio, max_update_norm: the update-norm bounds (``inf``: off), see
+            :func:`~lightning_fl.federation.updates.drop_norm_outliers`.
+        min_clients: the fewest valid updates a round may keep.
+    """
+
+    def __init__(
+        self,
+        runner: ClientRunner,
+        *,
+        pool: ClientPool | None,
+        downlink: Downlink,
+        leaks: LeakPoints,
+        client_transforms: Sequence[ClientTransform],
+        client_callbacks: Sequence[L.Callback],
+        callbacks: Sequence[FederatedCallback],
+        federation: FederationView,
+        max_update_norm_ratio: float,
+        max_update_norm: float,
+        min_clients: int,
+    ) -> None:
+        self.runner, self.pool, self.downlink, self.leaks = runner, pool, downlink, leaks
+        self.client_transforms = () if pool is not None and pool.encodes else tuple(client_transforms)
+        self.client_callbacks, self.callbacks, self.federation = tuple(client_callbacks), tuple(callbacks), federation
+        self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
+        self.min_clients = min_clients
+
+    def run(self, round_ctx: RoundContext, selected: Sequence[int]) -> ClientStepResult:
+        """Train ``selected`` and return the updates that pass every check (at least ``min_clients``).
 
         Raises:
-            RuntimeError: when fewer than ``loop.min_clients`` valid updates remain.
+            RuntimeError: when fewer than ``min_clients`` valid updates remain.
         """
-        loop = self.loop
+        failures: dict[int, str] = {}
+        trained = self._train(round_ctx, selected, failures)
         updates = drop_norm_outliers(
-            self._train(round_ctx, selected),
-            max_ratio=loop.max_update_norm_ratio,
-            max_norm=loop.max_update_norm,
-            round_idx=loop.round_idx,
+            trained,
+            max_ratio=self.max_update_norm_ratio,
+            max_norm=self.max_update_norm,
+            round_idx=round_ctx.round_idx,
         )
-        if len(updates) < loop.min_clients:
+        kept = {u.client_id for u in updates}
+        failures.update({u.client_id: "update-norm outlier" for u in trained if u.client_id not in kept})
+        if len(updates) < self.min_clients:
             raise RuntimeError(
-                f"round {loop.round_idx}: only {len(updates)} valid client updates (of {len(selected)} selected) "
-                f"but loop.min_clients={loop.min_clients}; see the warnings above for why clients were dropped."
+                f"round {round_ctx.round_idx}: only {len(updates)} valid client updates (of {len(selected)} "
+                f"selected) but loop.min_clients={self.min_clients}; see the warnings above for why clients were "
+                "dropped."
             )
-        return updates
+        return ClientStepResult(updates, failures)
 
-    @contextlib.contextmanager
-    def pool(self, ranks: Ranks | None) -> Iterator[None]:
-        """Start ``loop.workers`` processes, or use the DDP ranks, for the rounds of one ``fit`` (none by default)."""
-        loop = self.loop
-        if loop.workers == 1 and loop.backend == "processes" and ranks is None:
-            yield
-            return
-        if loop.leaks.listeners("on_local_gradient"):
-            raise ValueError(
-                "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
-                "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
-            )
-        if ranks is not None:
-            loop.pool = RankPool(loop.runner, ranks)
-        elif loop.backend == "ray":
-            from lightning_fl.federation.ray_backend import RayPool
-
-            loop.pool = RayPool(loop.runner, loop.workers)
-        else:
-            loop.pool = WorkerPool(loop.runner, loop.workers)
-        try:
-            yield
-        finally:
-            loop.pool.close()
-            loop.pool = None
-
-    def _train(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
-        """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
-        loop = self.loop
-        if loop.pool is None:
+    def _train(self, round_ctx: RoundContext, selected: Sequence[int], failures: dict[int, str]) -> list[ClientUpdate]:
+        """Train the selected clients here one after the other, or in the pool."""
+        round_idx = round_ctx.round_idx
+        if self.pool is None:
             updates = []
             for k in selected:
                 ctx, received = self._start(round_ctx, k)
-                callbacks = loop.leaks.with_tap(loop.client_callbacks, round_idx=loop.round_idx, client_id=k)
-                train = functools.partial(loop.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish(ctx, received, train))
+                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k)
+                train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
+                updates.append(self._finish(ctx, received, train, failures))
             return [u for u in updates if u is not None]
         started = [self._start(round_ctx, k) for k in selected]
-        results = loop.pool.run([(ctx.client_id, loop.round_idx, received) for ctx, received in started])
+        results = self.pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
-            self._finish(ctx, received, functools.partial(loop.pool.collect, results[ctx.client_id]))
+            self._finish(ctx, received, functools.partial(self.pool.collect, results[ctx.client_id]), failures)
             for ctx, received in started
         ]
         return [u for u in updates if u is not None]
 
     def _start(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
-        for cb in self.loop.callbacks:
-            cb.on_client_fit_start(self.loop.view, client_id)
-        ctx = self.loop.runner.context(round_ctx, client_id)
-        return ctx, self.loop.downlink.send(ctx)
+        for cb in self.callbacks:
+            cb.on_client_fit_start(self.federation, client_id)
+        ctx = self.runner.context(round_ctx, client_id)
+        return ctx, self.downlink.send(ctx)
 
     def _finish(
-        self, ctx: ClientContext, received: dict[str, Tensor], train: Callable[[], ClientUpdate]
+        self,
+        ctx: ClientContext,
+        received: dict[str, Tensor],
+        train: Callable[[], ClientUpdate],
+        failures: dict[int, str],
     ) -> ClientUpdate | None:
-        loop, client_id = self.loop, ctx.client_id
+        client_id, round_idx = ctx.client_id, ctx.round_idx
         try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
             update = train()
-            for cb in loop.callbacks:
-                cb.on_client_fit_end(loop.view, update)
-            update, refused = encode_update(update, loop.client_transforms, ctx=ctx, max_norm=loop.max_update_norm)
+            for cb in self.callbacks:
+                cb.on_client_fit_end(self.federation, update)
+            update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
-            # stacklevel 4: the warnings point at FederatedLoop.run_round, as before the round trip moved here
-            warnings.warn(
-                f"round {loop.round_idx}: client {client_id} failed and is dropped ({failure.detail})", stacklevel=4
-            )
+            failures[client_id] = f"failed ({failure.detail})"
+            message = f"round {round_idx}: client {client_id} failed and is dropped ({failure.detail})"
+            warnings.warn(message, stacklevel=4)
             log.exception("client %s failed in %s", client_id, failure.stage)
             return None
-        reason = refused or check_update(update, {k: ctx.global_state[k] for k in loop.spec.update_keys})
+        reason = refused or check_update(update, {k: ctx.global_state[k] for k in ctx.spec.update_keys})
         if reason is not None:
-            warnings.warn(f"round {loop.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
+            failures[client_id] = reason
+            warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
-        loop.leaks.client_update(update, received)
+        self.leaks.client_update(update, received)
         return update

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fl.federation.contexts import ClientContext, ClientState, FederationSpec, derive_seed
+from lightning_fl.contexts import ClientContext, ClientState, FederationSpec, derive_seed
 from lightning_fl.federation.fabric_fit import FabricFit, FitOutcome, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.failures import client_work
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning

@@ -168,6 +168,8 @@ def serve(runner: ClientRunner, ranks: Ranks) -> None:
 class RankPool:
     """Rank 0's side: the same ``run`` / ``collect`` as :class:`~lightning_fl.federation.workers.WorkerPool`."""
 
+    encodes = False  # the client step encodes what it collects
+
     def __init__(self, runner: ClientRunner, ranks: Ranks) -> None:
         self.runner, self.ranks = runner, ranks
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lightning_fl.federation.contexts import ClientState
+from lightning_fl.contexts import ClientState
 from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.private import load_state_into

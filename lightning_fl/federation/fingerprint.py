@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from torch import nn
+
+if TYPE_CHECKING:
+    from lightning_fl.contexts import FederationSpec
+    from lightning_fl.datamodules.federated import FederatedDataModule
 
 __all__ = ["federation_fingerprint"]
 
@@ -36,12 +42,23 @@ def _name(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def federation_fingerprint(loop: Any) -> dict[str, Any]:
-    """The federation-defining settings of a :class:`~lightning_fl.federation.FederatedLoop`, as JSON data.
+def federation_fingerprint(
+    *,
+    spec: FederationSpec,
+    datamodule: FederatedDataModule,
+    model: nn.Module,
+    aggregator: object,
+    selector: object,
+    client_transforms: Sequence[object],
+    server_transforms: Sequence[object],
+    broadcast_transforms: Sequence[object],
+    callbacks: Sequence[object],
+) -> dict[str, Any]:
+    """The settings that define a federation, as JSON data.
 
     Keys are named as in the config (``data.num_clients``, ``loop.local_steps``, ...).
     """
-    spec, dm, model = loop.spec, loop.datamodule, loop.global_model
+    dm = datamodule
     partition = hashlib.sha256()
     for train, val in dm.client_indices:
         partition.update(np.asarray(train, dtype=np.int64).tobytes() + b"|" + np.asarray(val, dtype=np.int64).tobytes())
@@ -60,10 +77,10 @@ def federation_fingerprint(loop: Any) -> dict[str, Any]:
         "model": _name(model),
         **{f"model.init_args.{k}": _plain(v) for k, v in dict(getattr(model, "hparams", {}) or {}).items()},
         "model layers and shapes (digest)": _digest(shapes),
-        "loop.aggregator": _name(loop.aggregator),
-        "loop.selector": _name(loop.selector),
-        "loop.client_transforms": [_name(t) for t in loop.client_transforms],
-        "loop.server_transforms": [_name(t) for t in loop.server_transforms],
-        "loop.broadcast_transforms": [_name(t) for t in loop.broadcast_transforms],
-        "loop.callbacks": [_name(cb) for cb in loop.callbacks],
+        "loop.aggregator": _name(aggregator),
+        "loop.selector": _name(selector),
+        "loop.client_transforms": [_name(t) for t in client_transforms],
+        "loop.server_transforms": [_name(t) for t in server_transforms],
+        "loop.broadcast_transforms": [_name(t) for t in broadcast_transforms],
+        "loop.callbacks": [_name(cb) for cb in callbacks],
     }

@@ -24,8 +24,9 @@ from lightning_fl.private import load_state_into, public_state
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
+    from lightning_fl.contexts import FederationSpec
     from lightning_fl.datamodules.federated import FederatedDataModule
-    from lightning_fl.federation.contexts import FederationSpec
+    from lightning_fl.federation.view import FederationView
 
 __all__ = ["GradientRelease", "LeakPoints", "LocalGradientSource", "LocalGradientTap"]
 
@@ -64,7 +65,7 @@ class LeakPoints:
     """Builds server views for the callbacks that listen at a leak point, and hands them the ground truth apart.
 
     Args:
-        loop: what callbacks receive as their first argument (the loop, read-only by convention).
+        federation: the read-only view callbacks receive as their first argument.
         callbacks: the federated callbacks.
         global_model: the global model; views hold fresh copies of it with the public state they refer to.
         datamodule: the federated data (ground truth and public data facts).
@@ -73,14 +74,14 @@ class LeakPoints:
 
     def __init__(
         self,
-        loop: Any,
+        federation: FederationView,
         callbacks: Sequence[FederatedCallback],
         *,
         global_model: L.LightningModule,
         datamodule: FederatedDataModule,
         spec: FederationSpec,
     ) -> None:
-        self.loop, self.callbacks, self.global_model = loop, callbacks, global_model
+        self.federation, self.callbacks, self.global_model = federation, callbacks, global_model
         self.datamodule, self.local_epochs = datamodule, spec.local_epochs
 
     def listeners(self, hook: str, **event: Any) -> list[FederatedCallback]:
@@ -188,7 +189,7 @@ class LeakPoints:
             )
             truth = GroundTruth(inputs.detach().clone(), targets.detach().clone())
             for cb in listeners:
-                cb.on_local_gradient(self.loop, view, truth)
+                cb.on_local_gradient(self.federation, view, truth)
         except Exception as err:
             raise ServerSideError(f"the local-gradient leak point failed in client {client_id}'s fit: {err!r}") from err
 
@@ -209,7 +210,7 @@ class LeakPoints:
         )
         truth = self.datamodule.ground_truth(update.client_id)
         for cb in listeners:
-            cb.on_client_update(self.loop, view, truth)
+            cb.on_client_update(self.federation, view, truth)
 
     def aggregate(
         self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor], readable: dict[str, Tensor]
@@ -236,4 +237,4 @@ class LeakPoints:
         parts = [self.datamodule.ground_truth(u.client_id) for u in updates]
         truth = GroundTruth(torch.cat([p.inputs for p in parts]), torch.cat([p.targets for p in parts]))
         for cb in listeners:
-            cb.on_aggregate_end(self.loop, view, truth)
+            cb.on_aggregate_end(self.federation, view, truth)

@@ -4,16 +4,18 @@ The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:
 client from downlink to a checked update (training it in the :class:`ClientRunner` or a worker pool),
 :class:`ServerRound` aggregates the updates into the global model, views are built by :class:`LeakPoints`, and
 :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow contexts
-(:mod:`lightning_fl.federation.contexts`); FL callbacks receive the loop, as Lightning callbacks receive the Trainer.
+(:mod:`lightning_fl.contexts`); FL callbacks receive the loop, as Lightning callbacks receive the Trainer.
 Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues exactly as the
 uninterrupted one. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,13 +24,13 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 
 from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.contexts import ClientSetupContext, FederationSpec, RoundContext, SetupContext
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
-from lightning_fl.federation.checkpoint import Checkpoint
-from lightning_fl.federation.client_round import ClientRound
+from lightning_fl.federation.checkpoint import Checkpoint, RunParts
+from lightning_fl.federation.client_round import ClientPool, ClientStep, open_pool
 from lightning_fl.federation.client_runner import ClientRunner
-from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
-from lightning_fl.federation.distributed import launch, ranks_requested, serve, single_device_options
+from lightning_fl.federation.distributed import Ranks, launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
@@ -36,10 +38,10 @@ from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.round_loop import RoundLoop
 from lightning_fl.federation.run_lock import RunLock
-from lightning_fl.federation.server_round import ServerRound
+from lightning_fl.federation.server_round import ServerStep, apply_global_state
 from lightning_fl.federation.trainers import trainer_options
 from lightning_fl.federation.updates import Downlink, norm_bounds
-from lightning_fl.federation.view import FederationView
+from lightning_fl.federation.view import FederationView, RoundClock
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
@@ -167,18 +169,47 @@ class FederatedLoop:
         check_workers(
             workers, trainer_options=options, client_callbacks=self.client_callbacks, backend=backend, ranks=self.ranks
         )
-        self.workers, self.backend, self.pool = workers, backend, None
+        self.workers, self.backend = workers, backend
         if workers > 1 and backend == "processes":  # the idle workers' cores evaluate (docs/performance.md)
             self.evaluator.threads = min(workers, os.cpu_count() or 1)
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
-        self.view = FederationView(self)  # what FL callbacks receive
+        self.clock = RoundClock()
+        self.view = FederationView(  # what FL callbacks receive
+            clock=self.clock,
+            spec=self.spec,
+            num_rounds=num_rounds,
+            output_dir=self.output_dir,
+            global_model=model,
+            recorder=self.recorder,
+            clients=self.runner.states,
+            callbacks=self.callbacks,
+            client_callbacks=self.client_callbacks,
+            ledgers=[*self.callbacks, *self.components()],
+        )
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.downlink = Downlink(self.broadcast_transforms)
-        self.client_round, self.server_round, self.round_loop = ClientRound(self), ServerRound(self), RoundLoop(self)
-        self.round_idx = 0
+        self.server_step = ServerStep(
+            aggregator=self.aggregator,
+            selector=self.selector,
+            client_transforms=self.client_transforms,
+            server_transforms=self.server_transforms,
+            downlink=self.downlink,
+            leaks=self.leaks,
+            client_context=self.runner.context,
+        )
+        self.client_step = self._client_step(None)
+        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner, self.fingerprint)
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
-        self._touched: list[int] = []
+
+    @property
+    def round_idx(self) -> int:
+        """The round being run; between rounds, the next one to run."""
+        return self.clock.round_idx
+
+    @round_idx.setter
+    def round_idx(self, value: int) -> None:
+        self.clock.round_idx = value
 
     @property
     def clients(self) -> list[Any]:
@@ -194,7 +225,7 @@ class FederatedLoop:
         return public_state(self.global_model)
 
     def round_context(self) -> RoundContext:
-        """The :class:`RoundContext` of the current round."""
+        """The :class:`RoundContext` of the current round (it holds a copy of the public global state)."""
         return RoundContext(self.spec, self.round_idx, self.global_public_state(), self.recorder.log_metrics)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
@@ -210,16 +241,20 @@ class FederatedLoop:
         self.recorder.stop_reason = reason
 
     def run_round(self) -> dict[str, Any]:
-        """Run round ``self.round_idx``: select, train, aggregate, evaluate. Returns its history entry."""
+        """Run round ``self.round_idx``: select, client step, server step, then load the new global state and
+        evaluate. Returns its history entry."""
         self.recorder.round_metrics = {}
         self.downlink.start_round()
         ctx = self.round_context()
         selected = self.selector.select(ctx)
-        self._touched = list(selected)  # whose client-side state may have changed: committed with the round
+        self.clock.touched = list(selected)  # whose client-side state may have changed: committed with the round
         for cb in self.callbacks:
             cb.on_round_start(self.view, self.round_idx, selected)
-        updates = self.server_round.run(ctx, self.client_round.run(ctx, selected))
-        entry = self.recorder.new_entry(self.round_idx, updates)
+        clients = self.client_step.run(ctx, selected)
+        server = self.server_step.run(ctx, clients.updates)
+        self.recorder.log_metrics(server.metrics)
+        apply_global_state(self.global_model, server.global_state)
+        entry = self.recorder.new_entry(self.round_idx, server.updates)
         if self.evaluator.due(self.round_idx, self.num_rounds):
             entry["test_accuracy"] = self.evaluate()
         entry.update(self.recorder.round_metrics)
@@ -241,13 +276,42 @@ class FederatedLoop:
     def fingerprint(self) -> dict[str, Any]:
         """The settings that define this federation; a resumed run must match the checkpoint's (see
         :mod:`lightning_fl.federation.fingerprint`)."""
-        return federation_fingerprint(self)
+        return federation_fingerprint(
+            spec=self.spec,
+            datamodule=self.datamodule,
+            model=self.global_model,
+            aggregator=self.aggregator,
+            selector=self.selector,
+            client_transforms=self.client_transforms,
+            server_transforms=self.server_transforms,
+            broadcast_transforms=self.broadcast_transforms,
+            callbacks=self.callbacks,
+        )
 
-    def prepare(self, *, resume: bool = False) -> None:
+    def setup_context(self) -> SetupContext:
+        """What the server-side parts inspect in their ``setup`` (no client state)."""
+        return SetupContext(
+            spec=self.spec,
+            datamodule=self.datamodule,
+            global_model=copy.deepcopy(self.global_model),
+            trainer_options=self.runner.trainer_options,
+            aggregator=self.aggregator,
+            server_transforms=tuple(self.server_transforms),
+            client_evaluation=self.client_evaluation,
+            metrics_sink=self.recorder.log_metrics,
+        )
+
+    def client_setup_context(self) -> ClientSetupContext:
+        """What the client transforms' client-side set-up (``setup_clients``) receives: the clients' own states."""
+        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.states))
+
+    def prepare(self, *, resume: bool = False, pool: ClientPool | None = None) -> None:
         """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.
 
         Restores the last committed round (``resume``), runs every component's ``setup`` (their configuration
-        checks, key ceremonies) and tests the global model on one batch, so a wrong ``eval_metric`` fails here.
+        checks) and each client transform's client-side ``setup_clients`` (key ceremonies; skipped for a ``pool``
+        whose clients run their transforms themselves), and tests the global model on one batch, so a wrong
+        ``eval_metric`` fails here.
 
         Raises:
             ValueError: on a setting a component rejects, a checkpoint that does not belong to this federation
@@ -260,17 +324,26 @@ class FederatedLoop:
                 raise RuntimeError(f"FederatedLoop.prepare ran with resume={self._prepared}; fit(resume={resume}).")
             return
         self.lock.check()
-        if resume and self.checkpoint.restore_run(self):
+        restored = self.checkpoint.restore_run(self.parts) if resume else None
+        if restored is not None:
+            self.round_idx = restored
             log.info("resumed after round %d", self.round_idx - 1)
-        setup = SetupContext.of(self)
+        setup = self.setup_context()
         for component in self.components():
             component.setup(setup)
+        if not (pool is not None and pool.encodes):  # a remote pool's clients set up their own transforms
+            client_setup = self.client_setup_context()
+            for transform in self.client_transforms:
+                transform.setup_clients(client_setup)
         if self.evaluator.every and self.datamodule.has_test_set:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume
 
-    def fit(self, *, resume: bool = False) -> dict[str, Any]:
+    def fit(self, *, resume: bool = False, pool: ClientPool | None = None) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last committed round.
+
+        The clients train in this process, or in the pool chosen once for this fit: ``pool`` when given (Flower's
+        SuperNodes), else ``loop.workers`` processes, Ray actors or the DDP ranks.
 
         Each finished round is committed (checkpoint manifest) and appended to ``logs/metrics.csv`` and
         ``summary.json``; ``output_dir`` is locked against a second run while this one writes.
@@ -281,7 +354,7 @@ class FederatedLoop:
         Returns:
             the summary (also written to ``output_dir/summary.json``).
         """
-        self.prepare(resume=resume)
+        self.prepare(resume=resume, pool=pool)
         ranks = launch(self.process_options) if self.ranks > 1 else None
         if ranks is not None and ranks.device_type != "cpu":  # each rank trains on its own device
             self.runner.trainer_options = {**self.runner.trainer_options, "devices": [ranks.local_rank]}
@@ -293,6 +366,48 @@ class FederatedLoop:
         try:
             if resume:
                 self.checkpoint.remove_uncommitted()
-            return self.round_loop.run(ranks)
+            with self._pool(ranks, pool) as chosen:
+                self.client_step = self._client_step(chosen)
+                rounds = RoundLoop(
+                    run_round=self.run_round,
+                    commit=self._commit if self.checkpoint.enabled else None,
+                    clock=self.clock,
+                    recorder=self.recorder,
+                    callbacks=self.callbacks,
+                    federation=self.view,
+                    num_rounds=self.num_rounds,
+                    progress_bar=self.progress_bar,
+                )
+                return rounds.run(num_clients=self.num_clients)
         finally:
+            self.client_step = self._client_step(None)
             self.lock.release()
+
+    @contextlib.contextmanager
+    def _pool(self, ranks: Ranks | None, pool: ClientPool | None) -> Iterator[ClientPool | None]:
+        if pool is not None:
+            yield pool
+            return
+        taps = bool(self.leaks.listeners("on_local_gradient"))
+        with open_pool(
+            self.runner, workers=self.workers, backend=self.backend, ranks=ranks, taps_local_gradients=taps
+        ) as opened:
+            yield opened
+
+    def _client_step(self, pool: ClientPool | None) -> ClientStep:
+        return ClientStep(
+            self.runner,
+            pool=pool,
+            downlink=self.downlink,
+            leaks=self.leaks,
+            client_transforms=self.client_transforms,
+            client_callbacks=self.client_callbacks,
+            callbacks=self.callbacks,
+            federation=self.view,
+            max_update_norm_ratio=self.max_update_norm_ratio,
+            max_update_norm=self.max_update_norm,
+            min_clients=self.min_clients,
+        )
+
+    def _commit(self, touched: Sequence[int]) -> None:
+        self.checkpoint.save_run(self.parts, round_idx=self.round_idx, touched=touched)

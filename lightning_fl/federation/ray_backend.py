@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.federation.contexts import ClientState
+from lightning_fl.contexts import ClientState
 from lightning_fl.federation.workers import ClientResult, collect, fit_job, job
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class RayPool:
     Raises:
         ImportError: with the install line, when Ray is not installed.
     """
+
+    encodes = False  # the client step encodes what it collects
 
     def __init__(self, runner: ClientRunner, workers: int, *, threads: int = 1) -> None:
         try:

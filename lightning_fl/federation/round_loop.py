@@ -1,21 +1,24 @@
 """The loop over the rounds of one ``fit``, as Lightning's ``FitLoop`` is to ``Trainer.fit``.
 
-:meth:`FederatedLoop.fit <lightning_fl.federation.loop.FederatedLoop.fit>` prepares the run, launches the DDP ranks
-and locks ``output_dir``; :class:`RoundLoop` then runs the remaining rounds inside the client pool (see
-:meth:`ClientRound.pool <lightning_fl.federation.client_round.ClientRound.pool>`) with a progress bar, commits each
-finished round (checkpoint manifest, ``logs/metrics.csv``, ``summary.json``) and stops early when a callback asks.
+:meth:`FederatedLoop.fit <lightning_fl.federation.loop.FederatedLoop.fit>` prepares the run, launches the DDP ranks,
+locks ``output_dir`` and opens the client pool; :class:`RoundLoop` then runs the remaining rounds with a progress
+bar: it runs one round (``run_round``, which returns the round's history entry), records it, calls the callbacks,
+advances the round clock, commits the round (``commit``: the checkpoint manifest) and writes ``logs/metrics.csv``
+and ``summary.json``; it stops early when a callback asks.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning_fl.federation.trainers import quiet_lightning
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.distributed import Ranks
-    from lightning_fl.federation.loop import FederatedLoop
+    from lightning_fl.callbacks.base import FederatedCallback
+    from lightning_fl.federation.recording import RunRecorder
+    from lightning_fl.federation.view import FederationView, RoundClock
 
 __all__ = ["RoundLoop"]
 
@@ -23,40 +26,64 @@ log = logging.getLogger("lightning_fl.federation.loop")  # a stop request stays 
 
 
 class RoundLoop:
-    """Run ``loop``'s rounds from ``loop.round_idx`` to ``loop.num_rounds`` (or a stop request); returns the summary."""
+    """Run the rounds from ``clock.round_idx`` to ``num_rounds`` (or a stop request); :meth:`run` returns the summary.
 
-    def __init__(self, loop: FederatedLoop) -> None:
-        self.loop = loop
+    Args:
+        run_round: runs round ``clock.round_idx`` and returns its history entry.
+        commit: commits the finished rounds (the clock already names the next round) with the touched clients.
+        clock: the round index and the clients touched in the round.
+        recorder: the run's history, loggers and files.
+        callbacks: the FL callbacks, called with ``federation``.
+        federation: the read-only view the FL callbacks receive.
+        num_rounds: rounds T of the run.
+        progress_bar: show a rich progress bar over rounds.
+    """
 
-    def run(self, ranks: Ranks | None) -> dict[str, Any]:
-        """Run the remaining rounds, the clients training in this process, the workers or the DDP ``ranks``."""
+    def __init__(
+        self,
+        *,
+        run_round: Callable[[], dict[str, Any]],
+        commit: Callable[[Sequence[int]], None] | None,
+        clock: RoundClock,
+        recorder: RunRecorder,
+        callbacks: Sequence[FederatedCallback],
+        federation: FederationView,
+        num_rounds: int,
+        progress_bar: bool,
+    ) -> None:
+        self.run_round, self.commit, self.clock, self.recorder = run_round, commit, clock, recorder
+        self.callbacks, self.federation = tuple(callbacks), federation
+        self.num_rounds, self.progress_bar = num_rounds, progress_bar
+
+    def run(self, *, num_clients: int) -> dict[str, Any]:
+        """Run the remaining rounds; before the first round of a fresh run, commit the start (all ``num_clients``)."""
         from rich.progress import Progress
 
-        loop = self.loop
-        loop.recorder.stop_reason = None
-        loop.recorder.start()
-        if loop.checkpoint.enabled and loop.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
-            loop.checkpoint.save_run(loop, touched=range(loop.num_clients))
-        for cb in loop.callbacks:
-            cb.on_fit_start(loop.view)
-        with loop.client_round.pool(ranks), quiet_lightning(), Progress(disable=not loop.progress_bar) as progress:
-            task = progress.add_task("rounds", total=loop.num_rounds, completed=loop.round_idx)
-            while loop.round_idx < loop.num_rounds:
-                entry = loop.run_round()
-                loop.recorder.end_round(entry)
-                for cb in loop.callbacks:
-                    cb.on_round_end(loop.view, loop.round_idx, entry)
-                loop.round_idx += 1
-                if loop.checkpoint.enabled:
-                    loop.checkpoint.save_run(loop, touched=loop._touched)
-                loop.recorder.write()
+        clock, recorder = self.clock, self.recorder
+        recorder.stop_reason = None
+        recorder.start()
+        if self.commit is not None and clock.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
+            self.commit(range(num_clients))
+        for cb in self.callbacks:
+            cb.on_fit_start(self.federation)
+        with quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
+            task = progress.add_task("rounds", total=self.num_rounds, completed=clock.round_idx)
+            while clock.round_idx < self.num_rounds:
+                entry = self.run_round()
+                recorder.end_round(entry)
+                for cb in self.callbacks:
+                    cb.on_round_end(self.federation, clock.round_idx, entry)
+                clock.round_idx += 1
+                if self.commit is not None:
+                    self.commit(clock.touched)
+                recorder.write()
                 acc = entry.get("test_accuracy")
                 progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")
-                if loop.recorder.stop_reason:
-                    log.warning("stopping after round %d: %s", loop.round_idx - 1, loop.recorder.stop_reason)
+                if recorder.stop_reason:
+                    log.warning("stopping after round %d: %s", clock.round_idx - 1, recorder.stop_reason)
                     break
-        for cb in loop.callbacks:
-            cb.on_fit_end(loop.view)
-        loop.recorder.finalize()
-        loop.recorder.write()
-        return loop.recorder.summary()
+        for cb in self.callbacks:
+            cb.on_fit_end(self.federation)
+        recorder.finalize()
+        recorder.write()
+        return recorder.summary()

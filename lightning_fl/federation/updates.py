@@ -16,7 +16,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.validation import update_norm_outliers
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext
+    from lightning_fl.contexts import ClientContext
     from lightning_fl.transforms import BroadcastTransform, ClientTransform
 
 __all__ = [

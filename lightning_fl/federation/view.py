@@ -1,95 +1,213 @@
-"""The read-only view of the loop that FL callbacks receive, as Lightning callbacks receive the Trainer."""
+"""The read-only view of a federation that FL callbacks receive, as Lightning callbacks receive the Trainer."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from torch import Tensor
+
+from lightning_fl.contexts import ClientState, FederationSpec, RoundContext
+from lightning_fl.privacy.accounting import PrivacyLedger
+from lightning_fl.private import public_state
 
 if TYPE_CHECKING:
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
-    from lightning_fl.federation.contexts import ClientState, FederationSpec, RoundContext
+    from lightning_fl.federation.recording import RunRecorder
 
-__all__ = ["FederationView"]
+__all__ = ["ClientStates", "FederationView", "LedgerReading", "RoundClock"]
+
+
+@dataclass
+class RoundClock:
+    """The round a run is in: ``round_idx`` is the round being run, and between rounds the next one to run.
+
+    ``touched`` lists the clients whose client-side state may have changed since the last commit (the selected
+    clients, and any client a callback wrote to through
+    :meth:`~lightning_fl.federation.view.FederationView.set_client_extra`).
+    """
+
+    round_idx: int = 0
+    touched: list[int] = field(default_factory=list)
+
+    def touch(self, client_id: int) -> None:
+        """Mark ``client_id``'s client-side state as changed in this round (committed with it)."""
+        if client_id not in self.touched:
+            self.touched.append(client_id)
+
+
+def _copy(state: ClientState) -> ClientState:
+    return ClientState(
+        state.client_id,
+        {k: v.detach().clone() for k, v in state.private.items()},
+        copy.deepcopy(state.extra),
+        state.initialised,
+    )
+
+
+class ClientStates(Sequence[ClientState]):
+    """The clients' own states, read-only: each item is a copy taken when it is read."""
+
+    def __init__(self, states: Sequence[ClientState]) -> None:
+        self._states = states
+
+    @overload
+    def __getitem__(self, index: int) -> ClientState: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ClientState]: ...
+
+    def __getitem__(self, index: int | slice) -> ClientState | list[ClientState]:
+        if isinstance(index, slice):
+            return [_copy(s) for s in self._states[index]]
+        return _copy(self._states[index])
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+class LedgerReading:
+    """What a callback may read of a privacy-spending part: its spent and projected epsilon, and its delta."""
+
+    def __init__(self, ledger: PrivacyLedger) -> None:
+        self._ledger = ledger
+
+    @property
+    def delta(self) -> float:
+        return self._ledger.delta
+
+    @property
+    def name(self) -> str:
+        """The class name of the part (for messages)."""
+        return type(self._ledger).__name__
+
+    def epsilon_spent(self) -> float:
+        """See :meth:`~lightning_fl.privacy.accounting.PrivacyLedger.epsilon_spent`."""
+        return self._ledger.epsilon_spent()
+
+    def epsilon_projected(self, spec: FederationSpec) -> float:
+        """See :meth:`~lightning_fl.privacy.accounting.PrivacyLedger.epsilon_projected`."""
+        return self._ledger.epsilon_projected(spec)
 
 
 class FederationView:
-    """What a :class:`~lightning_fl.callbacks.FederatedCallback` may read of the loop, and how it reports.
+    """What a :class:`~lightning_fl.callbacks.FederatedCallback` may read of a federation, and how it reports.
 
-    Reads return copies or tuples, so a callback cannot rewire the run (add a Trainer callback, swap the
-    aggregator); it reports through :meth:`log_metrics`, :meth:`record_attack` and :meth:`request_stop`.
-    ``clients`` are the clients' own states: only callbacks that model client-side work (a DP accountant)
-    may use them.
+    Reads return copies or read-only views: ``global_model`` and ``global_public_state`` are copies, ``clients``
+    copies each client's state as it is read, ``history`` and the callback lists are tuples, privacy-spending parts
+    are reachable only through :meth:`ledgers`. A callback reports through :meth:`log_metrics`,
+    :meth:`record_attack` and :meth:`request_stop`, and changes a client's own state in one way only:
+    :meth:`set_client_extra` (a callback that models client-side work, such as a DP accountant).
+
+    Args:
+        clock: the current round and the clients touched in it.
+        spec: the run's shape.
+        num_rounds: rounds T of the run.
+        output_dir: the run directory.
+        global_model: the global model (read through copies).
+        recorder: the run's history and loggers (reports go there).
+        clients: the clients' own states (client-side storage).
+        callbacks: the FL callbacks; client_callbacks: the Lightning callbacks of each client's Trainer.
+        ledgers: the privacy-spending parts (callbacks, transforms, aggregator) in checkpoint order.
     """
 
-    def __init__(self, loop: Any) -> None:
-        self._loop = loop
+    def __init__(
+        self,
+        *,
+        clock: RoundClock,
+        spec: FederationSpec,
+        num_rounds: int,
+        output_dir: Path,
+        global_model: L.LightningModule,
+        recorder: RunRecorder,
+        clients: Sequence[ClientState],
+        callbacks: Sequence[Any],
+        client_callbacks: Sequence[L.Callback],
+        ledgers: Sequence[Any],
+    ) -> None:
+        self._clock, self._spec, self._num_rounds, self._output_dir = clock, spec, num_rounds, Path(output_dir)
+        self._global_model, self._recorder, self._clients = global_model, recorder, clients
+        self._callbacks, self._client_callbacks = tuple(callbacks), tuple(client_callbacks)
+        self._ledgers = tuple(LedgerReading(p) for p in ledgers if isinstance(p, PrivacyLedger))
 
     @property
     def round_idx(self) -> int:
-        return self._loop.round_idx
+        return self._clock.round_idx
 
     @property
     def num_rounds(self) -> int:
-        return self._loop.num_rounds
+        return self._num_rounds
 
     @property
     def spec(self) -> FederationSpec:
-        return self._loop.spec
+        return self._spec
 
     @property
     def output_dir(self) -> Path:
-        return self._loop.output_dir
+        return self._output_dir
 
     @property
     def global_model(self) -> L.LightningModule:
-        """The global model (its architecture and public state; never write to it)."""
-        return self._loop.global_model
+        """A copy of the global model (its architecture and public state)."""
+        return copy.deepcopy(self._global_model)
 
     @property
     def loggers(self) -> tuple[Logger, ...]:
-        return tuple(self._loop.recorder.loggers)
+        return tuple(self._recorder.loggers)
 
     @property
     def history(self) -> tuple[dict[str, Any], ...]:
-        return tuple(self._loop.history)
+        return tuple(dict(h) for h in self._recorder.history)
 
     @property
-    def clients(self) -> tuple[ClientState, ...]:
-        return tuple(self._loop.clients)
+    def clients(self) -> ClientStates:
+        """The clients' own states, copied as read (only callbacks that model client-side work may use them)."""
+        return ClientStates(self._clients)
 
     @property
     def callbacks(self) -> tuple[Any, ...]:
-        return tuple(self._loop.callbacks)
+        """The FL callbacks (for identity checks)."""
+        return self._callbacks
 
     @property
     def client_callbacks(self) -> tuple[L.Callback, ...]:
-        return tuple(self._loop.client_callbacks)
+        """The Lightning callbacks of each client's Trainer (for identity checks)."""
+        return self._client_callbacks
 
-    @property
-    def components(self) -> tuple[Any, ...]:
-        """Selector, aggregator and every transform, in checkpoint order."""
-        return tuple(self._loop.components())
+    def ledgers(self) -> tuple[LedgerReading, ...]:
+        """What the privacy-spending parts of the run report (for a privacy budget)."""
+        return self._ledgers
 
     def global_public_state(self) -> dict[str, Tensor]:
         """A copy of the public global state."""
-        return {k: v.detach().clone() for k, v in self._loop.global_public_state().items()}
+        return {k: v.detach().clone() for k, v in public_state(self._global_model).items()}
 
     def round_context(self) -> RoundContext:
-        """The :class:`~lightning_fl.federation.RoundContext` of the current round."""
-        return self._loop.round_context()
+        """The :class:`~lightning_fl.contexts.RoundContext` of the current round."""
+        return RoundContext(self._spec, self._clock.round_idx, public_state(self._global_model), self.log_metrics)
+
+    def set_client_extra(self, client_id: int, key: str, value: Any) -> None:
+        """Store ``value`` under ``key`` in client ``client_id``'s own state (``ClientState.extra``).
+
+        The one way a callback changes a client's state: for a callback that models client-side work (a DP
+        accountant keeps its state per client). The value is stored as a copy and committed with the round.
+        """
+        self._clients[client_id].extra[key] = copy.deepcopy(value)
+        self._clock.touch(client_id)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's history entry, e.g. ``{"epsilon": 1.2}``."""
-        self._loop.log_metrics(metrics)
+        self._recorder.log_metrics(metrics)
 
     def record_attack(self, entry: dict[str, Any]) -> None:
         """Append one attack result to ``summary.json["attacks"]``."""
-        self._loop.record_attack(entry)
+        self._recorder.record_attack(entry)
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current round."""
-        self._loop.request_stop(reason)
+        self._recorder.stop_reason = reason

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.federation.contexts import ClientState, RoundContext
+from lightning_fl.contexts import ClientState, RoundContext
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import public_state
@@ -219,6 +219,8 @@ class WorkerPool:
         workers: number of processes.
         threads: torch threads per worker.
     """
+
+    encodes = False  # the client step encodes what it collects
 
     def __init__(self, runner: ClientRunner, workers: int, *, threads: int = 1) -> None:
         self.runner = runner

@@ -25,7 +25,7 @@ from opacus.accountants.analysis.rdp import compute_rdp
 from opacus.accountants.utils import get_noise_multiplier
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import FederationSpec
+    from lightning_fl.contexts import FederationSpec
 
 __all__ = [
     "ACCOUNTANTS",

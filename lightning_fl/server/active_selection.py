@@ -13,7 +13,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.selection import ClientSelector, uniform_sample
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import RoundContext, SetupContext
 
 __all__ = ["ActiveSelector"]
 
@@ -43,7 +43,7 @@ class ActiveSelector(ClientSelector):
         ValueError: on alphas outside [0, 1] (alpha2 must be >= 0) or an unknown option.
 
     Example:
-        >>> from lightning_fl.federation.contexts import FederationSpec, RoundContext
+        >>> from lightning_fl.contexts import FederationSpec, RoundContext
         >>> spec = FederationSpec(num_clients=10, clients_per_round=3, num_rounds=2, local_epochs=1,
         ...                       local_steps=None, seed=0, batch_size=8, num_train_samples=(8,) * 10)
         >>> ActiveSelector().select(RoundContext(spec, round_idx=0))  # no valuations yet: uniform

@@ -17,7 +17,7 @@ from torch import Tensor
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import RoundContext, SetupContext
 
 __all__ = ["Aggregator", "weighted_average", "weighted_sum"]
 

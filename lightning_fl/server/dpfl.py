@@ -12,7 +12,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import RoundContext, SetupContext
 
 __all__ = ["DPFLAggregator"]
 

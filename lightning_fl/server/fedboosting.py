@@ -54,12 +54,10 @@ from lightning_fl.defences.secure_aggregation.protocol import (
     client_side_decrypt,
     combine_updates,
 )
-from lightning_fl.federation.contexts import derive_seed
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
-    from lightning_fl.federation.evaluation import ClientEvaluation
+    from lightning_fl.contexts import ClientEvaluationStep, RoundContext, SetupContext
 
 __all__ = [
     "WEIGHTINGS",
@@ -340,8 +338,7 @@ class FedBoosting(PaillierAggregator):
         self.fusion_p_hat, self.fusion_p_hat_min, self.val_metric = fusion_p_hat, fusion_p_hat_min, val_metric
         self.val_accuracy_metric = val_accuracy_metric
         self.last_weights: dict[int, float] = {}
-        self._clients: ClientEvaluation | None = None
-        self._seed = 0
+        self._clients: ClientEvaluationStep | None = None
 
     # -- setup -----------------------------------------------------------------------------------------
     @override
@@ -353,7 +350,7 @@ class FedBoosting(PaillierAggregator):
                 f"raise data.val_fraction (now {ctx.datamodule.val_fraction})."
             )
         self._check_fusion(ctx.spec.clients_per_round)
-        self._clients, self._seed = ctx.client_evaluation, ctx.spec.seed
+        self._clients = ctx.client_evaluation
 
     def _check_fusion(self, num_clients: int) -> None:
         if self.fusion_p_hat is None or num_clients == 1:
@@ -388,7 +385,7 @@ class FedBoosting(PaillierAggregator):
         check_payloads(updates, global_state=global_state)
         start = time.perf_counter()
         ids = [u.client_id for u in updates]
-        shared = self._shared_models(updates)
+        shared = self._shared_models(updates, ctx)
         cross_val = torch.tensor(
             [self._losses(m, base_state=global_state, client_ids=ids, split="val") for m in shared]
         )
@@ -408,13 +405,15 @@ class FedBoosting(PaillierAggregator):
         }
         return aggregate, metrics
 
-    def _shared_models(self, updates: Sequence[ClientUpdate]) -> list[dict[str, Tensor] | EncryptedAggregate]:
+    def _shared_models(
+        self, updates: Sequence[ClientUpdate], ctx: RoundContext
+    ) -> list[dict[str, Tensor] | EncryptedAggregate]:
         """What is sent around for cross-validation: raw client models, or their Eq. 4.5 fusions."""
         if self.fusion_p_hat is None:
             return [_as_message(u) for u in updates]
         p_hat = [self.fusion_p_hat] * len(updates)
         if self.fusion_p_hat_min is not None:
-            generator = torch.Generator().manual_seed(derive_seed(self._seed, updates[0].round_idx, "fusion"))
+            generator = ctx.rng("fusion")
             low, high = self.fusion_p_hat_min, self.fusion_p_hat
             p_hat = (low + (high - low) * torch.rand(len(updates), generator=generator, dtype=torch.float64)).tolist()
         return [

@@ -1,7 +1,7 @@
 """Client selection: which clients train in a round. Uniform sampling without replacement by default.
 
 A selector sees a round as a Flower strategy's ``configure_fit`` does: through the round's
-:class:`~lightning_fl.federation.contexts.RoundContext` (round index, the run's shape in ``ctx.spec``, seeded
+:class:`~lightning_fl.contexts.RoundContext` (round index, the run's shape in ``ctx.spec``, seeded
 randomness ``ctx.rng("select")``), not the loop.
 """
 
@@ -16,7 +16,7 @@ import torch
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import RoundContext, SetupContext
 
 __all__ = ["ClientSelector", "UniformSelector"]
 
@@ -49,7 +49,7 @@ class UniformSelector(ClientSelector):
     """Pick ``k`` distinct clients uniformly at random (FedAvg's C-fraction sampling).
 
     Example:
-        >>> from lightning_fl.federation.contexts import FederationSpec, RoundContext
+        >>> from lightning_fl.contexts import FederationSpec, RoundContext
         >>> spec = FederationSpec(num_clients=10, clients_per_round=3, num_rounds=1, local_epochs=1,
         ...                       local_steps=None, seed=0, batch_size=8, num_train_samples=(8,) * 10)
         >>> UniformSelector().select(RoundContext(spec, round_idx=0))

@@ -17,7 +17,7 @@ import torch
 from lightning_fl import FederatedLoop, FlowerFederation
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import GaussianNoise, KeyLocks, PaillierEncryption
-from lightning_fl.federation.flower import check_flower
+from lightning_fl.flower import check_flower
 from lightning_fl.private import public_state
 from tests.conftest import make_classifier, three_keylock_clients
 
@@ -118,7 +118,7 @@ def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(
     from flwr.app import Context, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from lightning_fl.federation import flower
+    from lightning_fl import flower
 
     monkeypatch.chdir(tmp_path)
     for name in ("_task_id", "_run_id", "_node_id"):  # what Flower's engines set in the ServerApp's process

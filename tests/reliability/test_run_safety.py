@@ -18,9 +18,9 @@ import torch
 
 from lightning_fl import ClientTransform, ClientUpdate, FederatedCallback, FederatedLoop
 from lightning_fl.cli import main
+from lightning_fl.contexts import derive_seed
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import KeyLocks, PaillierEncryption, SecureFedAvg
-from lightning_fl.federation.contexts import derive_seed
 from lightning_fl.federation.run_lock import RunLock
 from lightning_fl.private import private_state, reset_private_state
 from tests.conftest import make_classifier

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from lightning_fl.federation.contexts import FederationSpec, RoundContext
+from lightning_fl.contexts import FederationSpec, RoundContext
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.server import ActiveSelector
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_fl import ClientUpdate, FedAvg, UniformSelector, weighted_average
-from lightning_fl.federation.contexts import FederationSpec, RoundContext
+from lightning_fl.contexts import FederationSpec, RoundContext
 
 
 def _update(client_id: int, value: float, n: int) -> ClientUpdate:

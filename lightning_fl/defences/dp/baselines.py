@@ -23,7 +23,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext
+    from lightning_fl.contexts import ClientContext
 
 __all__ = ["GaussianNoise", "GradientPruning", "NoiseUnit", "PruneScope", "add_gaussian_noise", "prune_smallest"]
 

@@ -22,7 +22,7 @@ from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import ClientTransform, ServerTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext
+    from lightning_fl.contexts import ClientContext, FederationSpec, RoundContext
 
 __all__ = ["FedSDP", "FedSDPServerNoise"]
 

@@ -22,7 +22,7 @@ from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import BroadcastTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
+    from lightning_fl.contexts import FederationSpec, RoundContext, SetupContext
     from lightning_fl.federation.view import FederationView
 
 __all__ = ["DownlinkNoise", "DualDP", "DualDPFL", "ServerNoiseMode"]

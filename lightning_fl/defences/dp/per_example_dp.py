@@ -44,7 +44,7 @@ from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyA
 from lightning_fl.privacy.schedules import Schedule
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import FederationSpec
+    from lightning_fl.contexts import FederationSpec
     from lightning_fl.federation.view import FederationView
 
 __all__ = ["ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP"]
@@ -540,7 +540,8 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     @override
     def on_client_fit_end(self, loop: FederationView, update: ClientUpdate) -> None:
         accountant = self.dp.privacy_accountant
-        loop.clients[update.client_id].extra[self.extra_key] = accountant.state_dict()
+        loop.set_client_extra(update.client_id, self.extra_key, accountant.state_dict())
+        self._client_extra[update.client_id] = {self.extra_key: accountant.state_dict()}
         self._epsilons[update.client_id] = accountant.get_epsilon(self.delta)
         self.dp.release = None
         loop.log_metrics({"epsilon": self.epsilon_spent(), "clip_bound": self.dp.max_grad_norm})

@@ -33,7 +33,7 @@ from lightning_fl.privacy.mechanisms import laplace_noise
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, FederationSpec, SetupContext
+    from lightning_fl.contexts import ClientContext, ClientSetupContext, FederationSpec
 
 __all__ = [
     "ALLOCATIONS",
@@ -308,7 +308,7 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         self._uploads: dict[int, int] = {}
 
     @override
-    def setup(self, ctx: SetupContext) -> None:
+    def setup_clients(self, ctx: ClientSetupContext) -> None:
         self._uploads = {c.client_id: int(c.extra.get(self.extra_uploads, 0)) for c in ctx.clients}
 
     def sensitivity(self, lr: float | None) -> float:

@@ -16,7 +16,7 @@ from lightning_fl.private import load_state_into
 from lightning_fl.transforms import ServerTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import RoundContext, SetupContext
 
 __all__ = ["PublicFineTune"]
 

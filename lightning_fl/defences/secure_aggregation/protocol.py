@@ -58,7 +58,7 @@ from lightning_fl.transforms import ClientTransform
 if TYPE_CHECKING:
     from phe.paillier import PaillierPublicKey
 
-    from lightning_fl.federation.contexts import ClientContext, ClientState, RoundContext, SetupContext
+    from lightning_fl.contexts import ClientContext, ClientSetupContext, ClientState, RoundContext, SetupContext
 
 
 __all__ = [
@@ -268,6 +268,9 @@ class PaillierEncryption(ClientTransform, Defence):
     @override
     def setup(self, ctx: SetupContext) -> None:
         self._check_run(ctx)
+
+    @override
+    def setup_clients(self, ctx: ClientSetupContext) -> None:
         stored = next((c.extra[KEY_FIELD] for c in ctx.clients if KEY_FIELD in c.extra), None)
         private_key = private_key_from_state(stored) if stored is not None else None  # a resumed run's key
         if private_key is None or private_key.public_key.n.bit_length() != self.key_size:

@@ -9,8 +9,8 @@ sends :class:`flwr.app.Message` objects through a ``Grid`` to ``ClientApp`` inst
 * ``ServerApp``: the loop itself, unchanged (selection, downlink with the broadcast transforms, FL callbacks and
   leak points, update checks, the aggregator and the server transforms, evaluation, checkpoints, logs), with a
   :class:`FlowerPool` as its client pool: each round's selected clients are sent to their SuperNodes as ``train``
-  messages (an ``ArrayRecord`` of the state the client received) instead of worker processes. The server loop
-  holds no client transforms: they run on the clients.
+  messages (an ``ArrayRecord`` of the state the client received) instead of worker processes. The server's loop
+  runs no client transform (nor their client-side set-up): they run on the clients.
 * ``ClientApp``: on a ``train`` message, the node's client (``node_config["partition-id"]``) is trained by the
   loop's :class:`~lightning_fl.federation.client_runner.ClientRunner`, exactly as in-process (seeds from
   ``(seed, round, client)``), then encoded by the client transforms (clip, noise). Its own state (private layers,
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.federation.contexts import ClientState, RoundContext, SetupContext
+from lightning_fl.contexts import ClientState, RoundContext
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.federation.updates import encode_update
 from lightning_fl.messages import ClientUpdate
@@ -109,13 +109,28 @@ class FlowerPool:
 
     Args:
         grid: the ``ServerApp``'s grid.
-        loop: the server's loop (its metrics receive what the client transforms logged).
+        log_metrics: receives the metrics the client transforms logged (the round's history entry).
         nodes: the SuperNode of each client id.
         timeout: seconds to wait for a round's replies (``None``: until every client replied).
     """
 
-    def __init__(self, grid: Any, loop: FederatedLoop, nodes: Mapping[int, int], *, timeout: float | None = None):
-        self.flwr, self.grid, self.loop, self.nodes, self.timeout = _flwr(), grid, loop, dict(nodes), timeout
+    encodes = True  # the ClientApps run the client transforms
+
+    def __init__(
+        self,
+        grid: Any,
+        log_metrics: Callable[[dict[str, float]], None],
+        nodes: Mapping[int, int],
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.flwr, self.grid, self.log_metrics, self.nodes, self.timeout = (
+            _flwr(),
+            grid,
+            log_metrics,
+            dict(nodes),
+            timeout,
+        )
 
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Send ``(client_id, round_idx, received)`` as ``train`` messages; the replies (or why none came) by id."""
@@ -155,7 +170,7 @@ class FlowerPool:
         content = reply.content
         meta, logged = dict(content["metadata"]), dict(content["logged"])
         if logged:
-            self.loop.log_metrics(logged)
+            self.log_metrics(logged)
         report = content["report"]
         return ClientUpdate(
             client_id=int(report["client"]),
@@ -176,9 +191,10 @@ def _client_loop(build: Callable[[], FederatedLoop], key: str) -> FederatedLoop:
     if key not in _CLIENT_LOOPS:
         loop = build()
         check_flower(loop)
-        setup = SetupContext.of(loop)
+        setup, client_setup = loop.setup_context(), loop.client_setup_context()
         for transform in loop.client_transforms:
             transform.setup(setup)
+            transform.setup_clients(client_setup)
         _CLIENT_LOOPS[key] = loop
     return _CLIENT_LOOPS[key]
 
@@ -297,7 +313,6 @@ class FlowerFederation:
         if self._loop is None:
             loop = self.build()
             check_flower(loop)
-            loop.client_transforms = []  # they run on the clients; the server never holds them
             self._loop = loop
         return self._loop
 
@@ -309,11 +324,8 @@ class FlowerFederation:
         @app.main()
         def main(grid: Any, context: Any) -> None:
             loop = self.loop
-            loop.pool = FlowerPool(grid, loop, discover_nodes(grid, loop.num_clients, timeout=self.node_timeout))
-            try:
-                self.summary = loop.fit()
-            finally:
-                loop.pool = None
+            nodes = discover_nodes(grid, loop.num_clients, timeout=self.node_timeout)
+            self.summary = loop.fit(pool=FlowerPool(grid, loop.log_metrics, nodes))
 
         return app
 

@@ -1,29 +1,46 @@
 """Narrow contexts: what a plug-in (aggregator, transform, selector, accountant) may know about the run.
 
 Flower hands a strategy ``server_round`` and the results, not the server; Lightning hands a callback the
-``Trainer``. Here a plug-in receives one of three frozen objects instead of the loop:
+``Trainer``. Here a plug-in receives one of these frozen objects instead of the loop:
 
 * :class:`FederationSpec`: the shape of the run, fixed at loop construction (clients, rounds, local work, seed).
-* :class:`RoundContext`: one round: its index, seeded random streams ``rng(purpose)``, the read-only public
+* :class:`RoundContext`: one round: its index, seeded random streams ``rng(purpose)``, a copy of the public
   global state, and a way to report metrics to the round's history.
 * :class:`ClientContext`: one client inside a round: its id, its local model (public state received plus its own
   private layers), its own typed state (:class:`ClientState`) and its validation data. It exists only on the
   client side of the boundary, so nothing server-side can reach a client's secrets through it.
+* :class:`SetupContext`: what a server-side part may inspect once before the first round (no client state);
+  :class:`ClientSetupContext`: the clients' own states, for the client-side set-up of a client transform (keys).
+
+This module sits outside :mod:`lightning_fl.federation` so that plug-ins and the privacy maths import these types
+without importing the loop's package.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ClientContext", "ClientState", "FederationSpec", "RoundContext", "SetupContext", "derive_seed"]
+if TYPE_CHECKING:
+    from lightning_fl.datamodules.federated import FederatedDataModule
+
+__all__ = [
+    "ClientContext",
+    "ClientEvaluationStep",
+    "ClientSetupContext",
+    "ClientState",
+    "FederationSpec",
+    "RoundContext",
+    "SetupContext",
+    "StateSnapshot",
+    "derive_seed",
+]
 
 
 def derive_seed(seed: int, *parts: object) -> int:
@@ -180,14 +197,51 @@ class ClientState:
         return cls(state["client_id"], state["private"], state.get("extra", {}), state["initialised"])
 
 
+class StateSnapshot(Mapping[str, Tensor]):
+    """A read-only mapping of detached tensor copies, taken once (``StateSnapshot.of`` reuses a snapshot).
+
+    Example:
+        >>> live = {"w": torch.zeros(2)}
+        >>> snap = StateSnapshot.of(live)
+        >>> _ = snap["w"].add_(1.0)
+        >>> live["w"], StateSnapshot.of(snap) is snap
+        (tensor([0., 0.]), True)
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: Mapping[str, Tensor]) -> None:
+        self._state = {k: v.detach().clone() for k, v in state.items()}
+
+    @classmethod
+    def of(cls, state: Mapping[str, Tensor]) -> StateSnapshot:
+        """``state`` itself when it is a snapshot already, else a snapshot of it."""
+        return state if isinstance(state, StateSnapshot) else cls(state)
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self._state[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __repr__(self) -> str:
+        return f"StateSnapshot({list(self._state)})"
+
+
 @dataclass(frozen=True)
 class RoundContext:
-    """One round as a plug-in sees it: run shape, round index, seeded randomness, read-only global state.
+    """One round as a plug-in sees it: run shape, round index, seeded randomness, a copy of the global state.
 
     Args:
         spec: the run's shape.
         round_idx: 0-based round.
-        global_state: the public global state at the start of aggregation (read-only mapping).
+        global_state: the public global state at the start of the round. The context holds a
+            :class:`StateSnapshot` of it (detached copies), so a plug-in that writes into these tensors changes
+            only its own copy, never the global model; the loop changes the model only through the value the
+            aggregator and the server transforms return.
         metrics_sink: where :meth:`log_metrics` sends metrics (the round's history entry and the loggers).
     """
 
@@ -197,7 +251,7 @@ class RoundContext:
     metrics_sink: Callable[[dict[str, float]], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "global_state", MappingProxyType(dict(self.global_state)))
+        object.__setattr__(self, "global_state", StateSnapshot.of(self.global_state))
 
     def seed(self, *purpose: object) -> int:
         """A seed for something random in this round, e.g. ``ctx.seed("noise", client_id)``."""
@@ -231,44 +285,64 @@ class ClientContext(RoundContext):
     val_dataloader: Callable[[], Iterable[Any]] | None = field(default=None, repr=False, compare=False)
 
 
+class ClientEvaluationStep(Protocol):
+    """The declared evaluation step on the clients' side (see
+    :class:`~lightning_fl.federation.evaluation.ClientEvaluation`): clients decode a shared model with their own
+    state, evaluate it on their own data and return only the losses."""
+
+    def losses(
+        self,
+        message: Any,
+        *,
+        base_state: dict[str, Tensor],
+        client_ids: Sequence[int],
+        split: Literal["train", "val"],
+        metric: str,
+        decode: Callable[..., dict[str, Tensor]] | None = None,
+        field: str = "metric",
+    ) -> list[float]: ...
+
+
 @dataclass(frozen=True)
 class SetupContext:
-    """What a component may inspect once, before the first round (``setup(ctx)``): the run's parts.
+    """What a server-side part may inspect once, before the first round (``setup(ctx)``); no client state.
 
     Args:
         spec: the run's shape.
-        datamodule: the federated data (public facts, and the clients' data for evaluation steps).
-        clients: the clients' own states: client-side storage, for key ceremonies (Paillier) and state restore.
-        global_model: the global model (its architecture; its public state is the server's).
+        datamodule: the federated data (public facts; the test and validation sets for server-side steps that
+            declare their use, such as public fine-tuning).
+        global_model: a copy of the global model (its architecture and public state; private layers hold the
+            server's own initialisation, never a client's).
         trainer_options: options of the inner Trainers, for components that train or evaluate a model.
-        aggregator: the aggregation rule, for transforms that must match it (Paillier needs a ciphertext-aware one).
+        aggregator: the aggregation rule, for transforms that must match it (Paillier needs a ciphertext-aware
+            one; check its class with ``isinstance``).
         server_transforms: the server-side chain, for transforms that warn about combinations.
-        client_evaluation: the declared evaluation step on the clients' side, for rules that need the
-            clients' losses (FedBoosting); a :class:`~lightning_fl.federation.evaluation.ClientEvaluation`.
+        client_evaluation: the declared evaluation step on the clients' side, for rules that need the clients'
+            losses (FedBoosting).
         metrics_sink: where components that log outside a round (FedBoosting) send metrics.
     """
 
     spec: FederationSpec
-    datamodule: Any = field(repr=False)
-    clients: tuple[ClientState, ...] = field(repr=False)
+    datamodule: FederatedDataModule = field(repr=False)
     global_model: nn.Module = field(repr=False)
     trainer_options: dict[str, Any] = field(default_factory=dict, repr=False)
-    aggregator: Any = field(default=None, repr=False)
-    server_transforms: tuple[Any, ...] = field(default=(), repr=False)
-    client_evaluation: Any = field(default=None, repr=False)
+    aggregator: object = field(default=None, repr=False)
+    server_transforms: tuple[object, ...] = field(default=(), repr=False)
+    client_evaluation: ClientEvaluationStep | None = field(default=None, repr=False)
     metrics_sink: Callable[[dict[str, float]], None] | None = field(default=None, repr=False, compare=False)
 
-    @classmethod
-    def of(cls, loop: Any) -> SetupContext:
-        """The setup context of a :class:`~lightning_fl.federation.FederatedLoop`."""
-        return cls(
-            spec=loop.spec,
-            datamodule=loop.datamodule,
-            clients=tuple(loop.clients),
-            global_model=loop.global_model,
-            trainer_options=loop.runner.trainer_options,
-            aggregator=loop.aggregator,
-            server_transforms=tuple(loop.server_transforms),
-            client_evaluation=loop.client_evaluation,
-            metrics_sink=loop.recorder.log_metrics,
-        )
+
+@dataclass(frozen=True)
+class ClientSetupContext:
+    """What a client transform's client-side set-up (``setup_clients(ctx)``) receives, once before the first round.
+
+    It runs on the clients' side of the boundary: a key ceremony (Paillier's key holder shares a key pair) or
+    restoring what a transform keeps per client (PoGZ's upload counts) reads and writes the clients' own states.
+
+    Args:
+        spec: the run's shape.
+        clients: every client's own :class:`ClientState` (client-side storage).
+    """
+
+    spec: FederationSpec
+    clients: tuple[ClientState, ...] = field(repr=False)
