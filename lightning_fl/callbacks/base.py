@@ -2,18 +2,19 @@
 
 Hook order in one round::
 
-    on_round_start(loop, round_idx, selected)
+    on_round_start(federation, round_idx, selected)
     for each selected client:
-        on_client_fit_start(loop, client_id)
-        on_local_gradient(loop, view, ground_truth)    # type-2 leak: every local step, if overridden
-        on_client_fit_end(loop, update)                # the raw update, before client transforms
-        on_client_update(loop, view, ground_truth)     # type-1 leak: what the server receives
-    on_aggregate_end(loop, view, ground_truth)         # type-0 leak: the aggregate that is broadcast
-    on_round_end(loop, round_idx, metrics)
+        on_client_fit_start(federation, client_id)
+        on_local_gradient(federation, view, ground_truth)    # type-2 leak: every local step, if overridden
+        on_client_fit_end(federation, update)                # the raw update, before client transforms
+        on_client_update(federation, view, ground_truth)     # type-1 leak: what the server receives
+    on_aggregate_end(federation, view, ground_truth)         # type-0 leak: the aggregate that is broadcast
+    on_round_end(federation, round_idx, metrics)
 
-``view`` is a :class:`~lightning_fl.messages.ServerView` (all an attack may use); ``ground_truth`` is kept
-apart for scoring. The loop builds views and ground truth only for hooks a callback overrides and for the events
-it :meth:`~FederatedCallback.wants`, so unused leak points, rounds and local steps cost nothing.
+``federation`` is the read-only :class:`~lightning_fl.federation.view.FederationView` of the run; ``view`` is a
+:class:`~lightning_fl.messages.ServerView` (all an attack may use); ``ground_truth`` is kept apart for scoring.
+The loop builds views and ground truth only for hooks a callback overrides and for the events it
+:meth:`~FederatedCallback.wants`, so unused leak points, rounds and local steps cost nothing.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ __all__ = ["FederatedCallback"]
 class FederatedCallback:
     """Base class of loop-level callbacks; override the hooks you need.
 
-    Hooks receive the loop first, as Lightning callbacks receive the Trainer: read it (``round_idx``, ``spec``,
-    ``output_dir``, ``loggers``), report through ``log_metrics``/``record_attack``/``request_stop``, and change
-    nothing else.
+    Hooks receive a read-only :class:`~lightning_fl.federation.view.FederationView` first, as Lightning callbacks
+    receive the Trainer: read it (``round_idx``, ``spec``, ``output_dir``, ``loggers``; reads are copies), report
+    through ``log_metrics``/``record_attack``/``request_stop``, and change a client's own state only through
+    ``set_client_extra``.
     """
 
     def listens_to(self, hook: str) -> bool:
@@ -50,31 +52,31 @@ class FederatedCallback:
         """
         return True
 
-    def on_fit_start(self, loop: FederationView) -> None:
+    def on_fit_start(self, federation: FederationView) -> None:
         """Before the first round (also after a resume)."""
 
-    def on_fit_end(self, loop: FederationView) -> None:
+    def on_fit_end(self, federation: FederationView) -> None:
         """After the last round."""
 
-    def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, federation: FederationView, round_idx: int, selected: list[int]) -> None:
         """A round begins with the selected clients."""
 
-    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
+    def on_client_fit_start(self, federation: FederationView, client_id: int) -> None:
         """A selected client is about to train."""
 
-    def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_local_gradient(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-2 leak point: one local mini-batch gradient, as released by the client's optimiser step."""
 
-    def on_client_fit_end(self, loop: FederationView, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, federation: FederationView, update: ClientUpdate) -> None:
         """A client finished training; ``update`` is before client-side transforms."""
 
-    def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_client_update(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-1 leak point: the update as the server receives it (after client-side transforms)."""
 
-    def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+    def on_aggregate_end(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
         """Type-0 leak point: the aggregate delta the server broadcasts (after server transforms)."""
 
-    def on_round_end(self, loop: FederationView, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, federation: FederationView, round_idx: int, metrics: dict[str, float]) -> None:
         """A round finished; ``metrics`` is its history entry."""
 
     def state_dict(self) -> dict[str, Any]:

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_fl.callbacks.base import FederatedCallback
-from lightning_fl.privacy.accounting import PrivacyLedger
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.federation.view import FederationView, LedgerReading
 
 __all__ = ["PrivacyBudget"]
 
@@ -24,7 +23,7 @@ class PrivacyBudget(FederatedCallback):
     After each round it asks every privacy-spending component of the loop (each
     :class:`~lightning_fl.privacy.PrivacyLedger`: :class:`~lightning_fl.defences.FedCDP`,
     :class:`~lightning_fl.defences.FedSDP`, :class:`~lightning_fl.defences.PoGZNoise`, ...) what one more round
-    would cost, in the worst case (every client selected), and stops the loop (``loop.request_stop``) when that
+    would cost, in the worst case (every client selected), and stops the loop (``federation.request_stop``) when that
     would exceed the budget: training stops when the budget is spent, never after, as 2DP-FL requires
     (Xiong et al., IEEE TII 2021, Fig. 6(b)). Several ledgers compose by basic composition (their epsilons add).
     The stop reason is logged and written to ``summary.json["stop_reason"]``.
@@ -48,40 +47,39 @@ class PrivacyBudget(FederatedCallback):
         self.stopped_at: int | None = None
 
     @staticmethod
-    def ledgers(loop: FederationView) -> list[PrivacyLedger]:
-        """The loop's privacy-spending components."""
-        parts = [*loop.callbacks, *loop.components]
-        return [p for p in parts if isinstance(p, PrivacyLedger)]
+    def ledgers(federation: FederationView) -> list[LedgerReading]:
+        """What the run's privacy-spending parts report."""
+        return list(federation.ledgers())
 
     @override
-    def on_fit_start(self, loop: FederationView) -> None:
-        ledgers = self.ledgers(loop)
+    def on_fit_start(self, federation: FederationView) -> None:
+        ledgers = self.ledgers(federation)
         if not ledgers:
             raise ValueError(
                 "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
-                "DualDPFL) to loop.defences or the transforms."
+                "DualDPFL) to federation.defences or the transforms."
             )
-        first = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
-        if loop.round_idx < loop.num_rounds and first > self.target_epsilon:
+        first = sum(ledger.epsilon_projected(federation.spec) for ledger in ledgers)
+        if federation.round_idx < federation.num_rounds and first > self.target_epsilon:
             raise ValueError(
                 f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "
                 f"epsilon={first:.4g}; raise the budget or the noise."
             )
 
     @override
-    def on_round_end(self, loop: FederationView, round_idx: int, metrics: dict[str, Any]) -> None:
-        should_stop, reason = self._evaluate_stopping_criteria(loop, round_idx)
+    def on_round_end(self, federation: FederationView, round_idx: int, metrics: dict[str, Any]) -> None:
+        should_stop, reason = self._evaluate_stopping_criteria(federation, round_idx)
         if should_stop:
             self.stopped_at = round_idx
             log.warning(reason)
-            loop.request_stop(reason)
+            federation.request_stop(reason)
 
-    def _evaluate_stopping_criteria(self, loop: FederationView, round_idx: int) -> tuple[bool, str]:
-        if round_idx + 1 >= loop.num_rounds:
+    def _evaluate_stopping_criteria(self, federation: FederationView, round_idx: int) -> tuple[bool, str]:
+        if round_idx + 1 >= federation.num_rounds:
             return False, ""
-        ledgers = self.ledgers(loop)
+        ledgers = self.ledgers(federation)
         spent = sum(ledger.epsilon_spent() for ledger in ledgers)
-        projected = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
+        projected = sum(ledger.epsilon_projected(federation.spec) for ledger in ledgers)
         if projected <= self.target_epsilon:
             return False, ""
         return True, (

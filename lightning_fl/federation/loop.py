@@ -197,6 +197,7 @@ class FederatedLoop:
             downlink=self.downlink,
             leaks=self.leaks,
             client_context=self.runner.context,
+            global_state=self.global_public_state,
         )
         self.client_step = self._client_step(None)
         self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner, self.fingerprint)

@@ -4,9 +4,10 @@ In order: measure each update against the global state (persistent broadcasts, s
 :class:`~lightning_fl.federation.updates.Downlink`), let the selector observe them, aggregate, decode the aggregate
 with the client transforms (decrypt, on a participating client's side), apply the server transforms, refuse a
 non-finite aggregate, report the aggregate leak point (type 0: the delta after the server transforms, what the new
-global model reveals) and return the new global state with the aggregator's metrics. The step reads the global
-state only from its :class:`~lightning_fl.contexts.RoundContext` (a copy) and changes no model:
-:func:`apply_global_state` commits what it returns.
+global model reveals) and return the new global state with the aggregator's metrics. Plug-ins see the global state
+only through their :class:`~lightning_fl.contexts.RoundContext` (a copy); the step adds the delta to the state it
+reads from ``global_state`` into new tensors and changes no model: :func:`apply_global_state` commits what it
+returns.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class ServerStep:
         downlink: measures updates against the global state after a persistent broadcast.
         leaks: the leak points (the aggregate, type 0).
         client_context: builds a client's context in a round (to decode the aggregate on that client's side).
+        global_state: reads the current public global state (never written to).
     """
 
     def __init__(
@@ -69,10 +71,11 @@ class ServerStep:
         downlink: Downlink,
         leaks: LeakPoints,
         client_context: Callable[[RoundContext, int], ClientContext],
+        global_state: Callable[[], Mapping[str, Tensor]],
     ) -> None:
         self.aggregator, self.selector, self.downlink, self.leaks = aggregator, selector, downlink, leaks
         self.client_transforms, self.server_transforms = tuple(client_transforms), tuple(server_transforms)
-        self.client_context = client_context
+        self.client_context, self.global_state = client_context, global_state
 
     def run(self, ctx: RoundContext, updates: Sequence[ClientUpdate]) -> ServerStepResult:
         """The new global state after aggregating ``updates`` in round ``ctx``, and the aggregator's metrics."""
@@ -87,7 +90,7 @@ class ServerStep:
         for transform in self.server_transforms:
             delta = transform(delta, ctx=ctx)
         check_aggregate(delta, round_idx=ctx.round_idx)
-        state = ctx.global_state
+        state = self.global_state()
         # type 0 is what is broadcast: the delta after the server transforms (server-side DP noise included)
         self.leaks.aggregate(updates, global_state=dict(state), readable={k: delta[k] for k in delta if k in readable})
         new_state = {k: state[k] + v.to(state[k].dtype) for k, v in delta.items()}

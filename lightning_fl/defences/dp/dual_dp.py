@@ -37,7 +37,7 @@ class DualDP(ClientDPSGD):
     :math:`\tilde g = \frac{1}{|B|}\big(\sum_{x\in B}\bar g(x) + \mathcal N(0, (\sigma_k G)^2)\big)`.
     The noise multiplier comes from the budget: Inferred (spec B.4, B.10-4), the paper's
     :math:`\sigma = \omega\sqrt{T\log(1/\delta)}/\epsilon` has an unstated :math:`\omega`, so sigma is calibrated with
-    the accountant such that every client stays within ``target_epsilon`` after ``loop.num_rounds`` rounds even
+    the accountant such that every client stays within ``target_epsilon`` after ``federation.num_rounds`` rounds even
     if selected in all of them (sample-level epsilon, q = B/n_k). Pair it with
     :class:`~lightning_fl.callbacks.PrivacyBudget` to stop exactly when the budget is spent when sigma is fixed.
     Pair it with :class:`DownlinkNoise` for the server noise.
@@ -96,9 +96,9 @@ class DualDP(ClientDPSGD):
         return self.dp.noise_multiplier
 
     @override
-    def on_fit_start(self, loop: FederationView) -> None:
-        self.calibrate(loop.spec)
-        super().on_fit_start(loop)
+    def on_fit_start(self, federation: FederationView) -> None:
+        self.calibrate(federation.spec)
+        super().on_fit_start(federation)
 
     @override
     def epsilon_projected(self, spec: FederationSpec) -> float:

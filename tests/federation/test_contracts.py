@@ -1,0 +1,100 @@
+"""The contexts keep their word: a plug-in changes the global model only through what it returns, a callback
+changes a client's own state only through ``FederationView.set_client_extra``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lightning_fl import FederatedCallback, SetupContext
+from lightning_fl.contexts import ClientSetupContext
+from lightning_fl.private import public_state
+from lightning_fl.server import FedAvg
+from tests.conftest import three_keylock_clients
+
+
+class Vandal(FedAvg):
+    """FedAvg that also writes into every tensor of the round context's global state."""
+
+    def aggregate(self, updates, *, ctx):
+        for tensor in ctx.global_state.values():
+            if tensor.is_floating_point():
+                tensor.add_(100.0)
+        return super().aggregate(updates, ctx=ctx)
+
+
+class Tamperer(FederatedCallback):
+    """Writes into every client state it can read, and through the one method that may change it."""
+
+    def __init__(self, *, documented: bool) -> None:
+        self.documented = documented
+
+    def on_client_fit_end(self, federation, update) -> None:
+        client = federation.clients[update.client_id]
+        for tensor in client.private.values():
+            tensor.add_(1.0)
+        client.private["stolen"] = torch.zeros(1)
+        client.extra["note"] = "forged"
+        with torch.no_grad():
+            for parameter in federation.global_model.parameters():
+                parameter.zero_()
+        if self.documented:
+            federation.set_client_extra(update.client_id, "note", {"steps": 1})
+
+
+def _fitted(output_dir, **options):
+    torch.manual_seed(0)  # the same initial global model in every run
+    loop = three_keylock_clients(output_dir, eval_every=0, **options)
+    loop.fit()
+    return loop
+
+
+def _final_state(loop) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in public_state(loop.global_model).items()}
+
+
+def test_an_aggregator_changes_the_global_model_only_through_its_return_value(tmp_path) -> None:
+    plain, vandal = _fitted(tmp_path / "plain"), _fitted(tmp_path / "vandal", aggregator=Vandal())
+    for key, value in _final_state(plain).items():
+        assert torch.equal(_final_state(vandal)[key], value), key
+
+
+def test_a_callback_changes_client_state_only_through_set_client_extra(tmp_path) -> None:
+    plain = _fitted(tmp_path / "plain")
+    reads = _fitted(tmp_path / "reads", callbacks=[Tamperer(documented=False)])
+    writes = _fitted(tmp_path / "writes", callbacks=[Tamperer(documented=True)])
+    for ours, theirs, written in zip(plain.clients, reads.clients, writes.clients, strict=True):
+        assert ours.private and ours.private.keys() == theirs.private.keys() == written.private.keys()
+        assert all(torch.equal(ours.private[k], theirs.private[k]) for k in ours.private)
+        assert theirs.extra == {} and written.extra == {"note": {"steps": 1}}
+    for key, value in _final_state(plain).items():
+        assert torch.equal(_final_state(reads)[key], value), key
+
+
+def test_the_server_side_setup_context_carries_no_client_state() -> None:
+    fields = {f.name for f in dataclasses.fields(SetupContext)}
+    assert "clients" not in fields and fields >= {"spec", "datamodule", "global_model", "aggregator"}
+    assert {f.name for f in dataclasses.fields(ClientSetupContext)} == {"spec", "clients"}
+
+
+def test_the_setup_context_holds_a_copy_of_the_global_model(tmp_path) -> None:
+    loop = three_keylock_clients(tmp_path)
+    setup = loop.setup_context()
+    with torch.no_grad():
+        next(setup.global_model.parameters()).add_(1.0)
+    first = next(loop.global_model.parameters())
+    assert torch.equal(first, next(loop.view.global_model.parameters()))
+    assert not torch.equal(next(setup.global_model.parameters()), first)
+
+
+@pytest.mark.parametrize("index", [0, slice(0, 2)])
+def test_client_states_read_through_the_view_are_copies(tmp_path, index) -> None:
+    loop = three_keylock_clients(tmp_path)
+    loop.fit()
+    read = loop.view.clients[index]
+    for client in read if isinstance(read, list) else [read]:
+        for tensor in client.private.values():
+            tensor.zero_()
+    assert all(any(t.abs().sum() > 0 for t in c.private.values()) for c in loop.clients)

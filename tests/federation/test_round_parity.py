@@ -1,0 +1,81 @@
+"""Tiny runs of four shipped configs give the histories recorded before the round was split into explicit steps.
+
+``data/round_histories.json`` holds, per run, the history (timings left out) and the sum of squares of each tensor of
+the final global state. It was recorded with the code before the refactor; regenerate it only when a change is
+meant to change results: ``python -m tests.federation.test_round_parity --record`` from the repository root.
+On the recording machine the match is exact; the tolerance here only absorbs another CPU's floating-point kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_fl.cli import main
+from lightning_fl.federation.checkpoint import Checkpoint
+
+RECORDED = Path(__file__).parent / "data" / "round_histories.json"
+CONFIGS = Path(__file__).parents[2] / "configs"
+COMMON = [
+    "--loop.num_rounds",
+    "2",
+    "--loop.progress_bar",
+    "false",
+    "--data.image_size",
+    "16",
+    "--loop.local_steps",
+    "3",
+]
+RUNS = {
+    "quickstart": ["--config", str(CONFIGS / "quickstart.yaml")],
+    "fedkl": ["--config", str(CONFIGS / "fedkl_digits.yaml"), "--loop.callbacks", "[]"],
+    "paillier": [
+        "--config", str(CONFIGS / "fedboosting_he_digits.yaml"), "--loop.client_transforms.init_args.key_size", "512",
+    ],
+    "fed_cdp": ["--config", str(CONFIGS / "fed_cdp_digits.yaml")],
+}  # fmt: skip
+
+
+def run(name: str, output_dir: Path) -> dict[str, Any]:
+    """The history (without timings) and final-state fingerprint of one tiny run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", *RUNS[name], *COMMON, "--output_dir", str(output_dir)]) == 0
+    history = json.loads((output_dir / "summary.json").read_text())["history"]
+    state = torch.load(Checkpoint(output_dir).server_path, weights_only=True)["global_state"]
+    return {
+        "history": [{k: v for k, v in h.items() if not k.endswith("_s")} for h in history],
+        "global_state": {k: float(v.double().square().sum()) for k, v in state.items()},
+    }
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "paillier" else n for n in RUNS]
+)  # Paillier: ~10 s of encryption on 2 cores
+def test_a_tiny_run_gives_the_recorded_history(tmp_path, name) -> None:
+    recorded = json.loads(RECORDED.read_text())[name]
+    now = run(name, tmp_path)
+    assert [sorted(h) for h in now["history"]] == [sorted(h) for h in recorded["history"]]
+    for mine, theirs in zip(now["history"], recorded["history"], strict=True):
+        floats = [k for k, v in theirs.items() if isinstance(v, float)]
+        assert {k: v for k, v in mine.items() if k not in floats} == {
+            k: v for k, v in theirs.items() if k not in floats
+        }
+        assert {k: mine[k] for k in floats} == pytest.approx({k: theirs[k] for k in floats}, rel=1e-6, abs=1e-9)
+    assert now["global_state"] == pytest.approx(recorded["global_state"], rel=1e-6)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+    import tempfile
+
+    results = {}
+    for run_name in RUNS:
+        with tempfile.TemporaryDirectory() as folder:
+            results[run_name] = run(run_name, Path(folder))
+    RECORDED.write_text(json.dumps(results, indent=1) + "\n")
