@@ -131,7 +131,7 @@ def run_workers(
         originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
         originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
         _timed(loop, "evaluate", phases)
-        _timed(loop.server_round, "run", phases, "server round")
+        _timed(loop.server_step, "run", phases, "server round")
         _timed(loop.runner, "fit", phases, "client fits here")
         for name in ("job", "collect"):  # packing jobs, unpacking results (loop process)
             _timed(workers_module, name, phases, f"workers.{name}")

@@ -9,14 +9,23 @@ from lightning_fl.attacks import __all__ as _attacks
 from lightning_fl.bench import run_bench
 from lightning_fl.callbacks import *  # noqa: F403
 from lightning_fl.callbacks import __all__ as _callbacks
+from lightning_fl.contexts import (
+    ClientContext,
+    ClientSetupContext,
+    ClientState,
+    FederationSpec,
+    RoundContext,
+    SetupContext,
+    derive_seed,
+)
 from lightning_fl.datamodules import *  # noqa: F403
 from lightning_fl.datamodules import __all__ as _datamodules
 from lightning_fl.defences import *  # noqa: F403
 from lightning_fl.defences import __all__ as _defences
-from lightning_fl.federation import ClientContext, ClientState, FederationSpec, RoundContext, SetupContext, derive_seed
 from lightning_fl.federation.export import load_global_model, save_global_model
 from lightning_fl.federation.failures import ClientFailure, ServerSideError
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.federation.view import FederationView
 from lightning_fl.flower import FlowerFederation
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
@@ -35,11 +44,13 @@ __all__ = [
     "BroadcastTransform",
     "ClientContext",
     "ClientFailure",
+    "ClientSetupContext",
     "ClientState",
     "ClientTransform",
     "ClientUpdate",
     "FederatedLoop",
     "FederationSpec",
+    "FederationView",
     "FlowerFederation",
     "GroundTruth",
     "LeakPoint",

@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning_fl.contexts import (
     ClientContext,
+    ClientSetupContext,
     ClientState,
     FederationSpec,
     RoundContext,
@@ -43,6 +44,7 @@ __all__ = [
     "ClientContext",
     "ClientFailure",
     "ClientRunner",
+    "ClientSetupContext",
     "ClientState",
     "Evaluator",
     "FederatedLoop",

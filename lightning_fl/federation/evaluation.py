@@ -106,8 +106,7 @@ class Evaluator:
             without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
         threads: torch threads for evaluation (``None``: as set). The loop sets N (at most the CPU count) with
             ``loop.workers`` N local processes: the evaluation in the loop's process, during which the workers are
-            idle, uses their cores. On a quiet 2-core machine this took workers=2 from 0.61x to 0.56x the wall time of
-            workers=1 (docs/performance.md); on a loaded one the extra thread only spins.
+            idle, uses their cores (measured in docs/performance.md).
     """
 
     def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):

@@ -7,7 +7,7 @@ The mathematics is Opacus' (``opacus.accountants``); this module adds what the p
 * The *classic* RDP-to-(epsilon, delta) conversion of the old TensorFlow Privacy
   (:math:`\epsilon = \min_\alpha \mathrm{RDP}(\alpha) + \ln(1/\delta)/(\alpha-1)`, Mironov 2017, Prop. 3)
   with its order grid :data:`TF_PRIVACY_ORDERS`: Fed-CDP's Table VI (Wei et al., ICDCS 2021) was computed this
-  way (spec B7). Opacus' own conversion is the tighter one of Balle et al. 2020 (``conversion="improved"``).
+  way. Opacus' own conversion is the tighter one of Balle et al. 2020 (``conversion="improved"``).
 * :class:`PureDPAccountant`: sequential composition of pure epsilon-DP releases (DPFL's Laplace noise).
 * :class:`PrivacyLedger`: the interface by which :class:`~lightning_fl.callbacks.PrivacyBudget` reads what a
   defence has spent and what the next round would cost.
@@ -207,7 +207,7 @@ def calibrate_noise_multiplier(
 
     Opacus' ``get_noise_multiplier`` (binary search). 2DP-FL (Xiong et al., IEEE TII 2021) sets its noise from
     the budget as :math:`\sigma = \omega\sqrt{T\log(1/\delta)}/\epsilon` with an unstated constant omega
-    (proof of Thm. 6); Inferred (spec B.4): calibrate with the accountant instead.
+    (proof of Thm. 6); Inferred: calibrate with the accountant instead, since omega is not given.
 
     Raises:
         ValueError: if ``target_epsilon`` is not positive or ``steps < 1``.

@@ -12,7 +12,7 @@ is :math:`G = \sum_i p^i G^i` (Eq. 4.1) with weights from :math:`T` and :math:`V
 * ``weighting="softmax_losses"``: Eq. 4.2 read literally, :math:`p = \mathrm{softmax}(\mathrm{softmax}(T) \odot V)`
   with :math:`V_i = \sum_j V^{i,j}`. On losses this gives *more* weight to models with higher training and
   validation loss, against the thesis' own narrative (a poisoned model with worse validation scores gets a
-  lower weight; the better Synth90K client gets ~55%); the code inverts the losses. See spec_003.md Sec. 2.1.
+  lower weight); the authors' code inverts the losses.
 * ``weighting="accuracies"``: the same code with ``FL_STRATEGY_METRICS="acc"``,
   :math:`a_i = \mathrm{mean}_j A^{i,j} \cdot \frac{A_i}{\sum_k A_k}` on accuracies. Bounded, so on label-skewed
   clients it does not collapse onto one client as the inverse losses do (docs/reproduction.md).
@@ -219,7 +219,7 @@ def integer_weights(weights: Tensor, *, pieces: int, rounding: RoundingName = "f
 
     ``floor`` is the thesis' :math:`\lfloor p P \rfloor` (the sum may fall below :math:`P`, which shrinks
     the update slightly), ``round`` the reference code, ``largest_remainder`` floors and hands the missing
-    pieces to the largest remainders so the weights sum to exactly :math:`P` (spec_003.md G14).
+    pieces to the largest remainders so the weights sum to exactly :math:`P` (Hamilton's apportionment method).
 
     Example:
         >>> p = torch.tensor([0.455, 0.545])
