@@ -3,7 +3,7 @@
 A module is *private* when its attribute ``fl_private`` is true (set it with :func:`mark_private`, or as a
 class attribute on a layer such as a passport or key-lock layer). Every parameter and buffer owned by a
 private module, or by any of its descendants, is private. Private tensors stay in the
-:class:`~lightning_fl.federation.ClientState` between rounds and are never part of a
+:class:`~lightning_fl.contexts.ClientState` between rounds and are never part of a
 :class:`~lightning_fl.messages.ClientUpdate`, the global state, a log or a server checkpoint.
 
 A private module may also define ``reset_private(generator: torch.Generator) -> None``: the client calls it

@@ -1,10 +1,10 @@
 """The update-transform chain: small protocols by which DP, pruning and HE defences plug into the loop.
 
 * :class:`ClientTransform` runs on the client after local training, on the :class:`ClientUpdate` it is about
-  to send (clip, noise, prune, encrypt), with the client's :class:`~lightning_fl.federation.ClientContext`.
+  to send (clip, noise, prune, encrypt), with the client's :class:`~lightning_fl.contexts.ClientContext`.
   What comes out is what the server receives (the type-1 leak point).
 * :class:`ServerTransform` runs on the server on the aggregate delta (server-side noise, public-data
-  fine-tuning), with the round's :class:`~lightning_fl.federation.RoundContext`. What comes out is what is
+  fine-tuning), with the round's :class:`~lightning_fl.contexts.RoundContext`. What comes out is what is
   broadcast (the type-0 leak point).
 * :class:`BroadcastTransform` runs on the public global state the server sends to one client (2DP-FL's
   per-client noise on the global model).

@@ -1,7 +1,7 @@
 """Additive noise mechanisms: Laplace (pure epsilon-DP) and Gaussian ((epsilon, delta)-DP).
 
 Both draw from an optional ``torch.Generator`` so that every noise draw of a federated run is reproducible
-from the loop's seed (see :meth:`~lightning_fl.federation.RoundContext.rng`).
+from the loop's seed (see :meth:`~lightning_fl.contexts.RoundContext.rng`).
 """
 
 from __future__ import annotations

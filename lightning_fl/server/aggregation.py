@@ -1,7 +1,7 @@
 """Aggregation maths, shared by every rule: weighted sums of state dicts, and the aggregator interface.
 
 Flower keeps its maths in ``aggregate.py`` and lets strategies convert and delegate; here too. An
-:class:`Aggregator` receives the round's updates and a :class:`~lightning_fl.federation.RoundContext` and returns
+:class:`Aggregator` receives the round's updates and a :class:`~lightning_fl.contexts.RoundContext` and returns
 ``(aggregate, metrics)``, as a Flower strategy's ``aggregate_fit`` returns ``(parameters, metrics)``.
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fl import FederatedLoop, SetupContext
+from lightning_fl import FederatedLoop
 from lightning_fl.callbacks import PrivacyBudget
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import DownlinkNoise, DualDP, DualDPFL
@@ -47,7 +47,7 @@ def test_sigma_is_calibrated_so_every_client_ends_within_the_budget(tmp_path: Pa
 def test_downlink_noise_is_independent_per_client_or_shared(tmp_path: Path, mode: str, distinct: bool) -> None:
     loop = _loop(tmp_path, [], [])
     noise = DownlinkNoise(sensitivity=1.0, noise_multiplier=2.0, mode=mode)
-    noise.setup(SetupContext.of(loop))
+    noise.setup(loop.setup_context())
     state = {k: torch.zeros_like(v) for k, v in loop.global_public_state().items()}
     ctx = loop.round_context()
     a, b = noise(state, ctx=loop.runner.context(ctx, 0)), noise(state, ctx=loop.runner.context(ctx, 1))
@@ -86,4 +86,4 @@ def test_downlink_noise_rejects_bad_settings(kwargs: dict, match: str) -> None:
 def test_downlink_noise_without_sigma_says_what_to_add(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
     with pytest.raises(ValueError, match="use the DualDPFL defence"):
-        DownlinkNoise().setup(SetupContext.of(loop))
+        DownlinkNoise().setup(loop.setup_context())
