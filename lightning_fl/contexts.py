@@ -22,7 +22,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -288,18 +288,10 @@ class ClientContext(RoundContext):
 class ClientEvaluationStep(Protocol):
     """The declared evaluation step on the clients' side (see
     :class:`~lightning_fl.federation.evaluation.ClientEvaluation`): clients decode a shared model with their own
-    state, evaluate it on their own data and return only the losses."""
+    state, evaluate it on their own data (``split``, ``metric`` and the other options) and return only the losses."""
 
     def losses(
-        self,
-        message: Any,
-        *,
-        base_state: dict[str, Tensor],
-        client_ids: Sequence[int],
-        split: Literal["train", "val"],
-        metric: str,
-        decode: Callable[..., dict[str, Tensor]] | None = None,
-        field: str = "metric",
+        self, message: Any, *, base_state: dict[str, Tensor], client_ids: Sequence[int], **options: Any
     ) -> list[float]: ...
 
 

@@ -1,24 +1,22 @@
 """The federation: the loop (orchestration only) and its parts; the contexts plug-ins receive are re-exported
 from :mod:`lightning_fl.contexts`.
 
-The loop and its parts are imported lazily, so importing a context does not import the loop.
+The loop, its parts and the re-exported contexts are imported on first use, so a context does not import the loop.
 """
 
 from importlib import import_module
 from typing import Any
 
-from lightning_fl.contexts import (
-    ClientContext,
-    ClientSetupContext,
-    ClientState,
-    FederationSpec,
-    RoundContext,
-    SetupContext,
-    derive_seed,
-)
 from lightning_fl.federation.failures import ClientFailure, ServerSideError
 
 _LAZY = {
+    "ClientContext": "lightning_fl.contexts",
+    "ClientSetupContext": "lightning_fl.contexts",
+    "ClientState": "lightning_fl.contexts",
+    "FederationSpec": "lightning_fl.contexts",
+    "RoundContext": "lightning_fl.contexts",
+    "SetupContext": "lightning_fl.contexts",
+    "derive_seed": "lightning_fl.contexts",
     "FederatedLoop": "lightning_fl.federation.loop",
     "ClientRunner": "lightning_fl.federation.client_runner",
     "Checkpoint": "lightning_fl.federation.checkpoint",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ from lightning_fl.server.fedboosting import (
     reference_weights,
     validation_only_weights,
 )
+from tests.conftest import plugin_context
 from tests.defences.he_helpers import assert_holds_no_private_key, digits, he_transform, run_loop
 
 T = torch.tensor([1.0, 2.0])
@@ -141,10 +143,12 @@ def one_hot_updates(n: int, round_idx: int = 0) -> list[ClientUpdate]:
 @pytest.mark.parametrize("p_hat_min", [None, 0.5])
 def test_fusion_shares_each_model_as_a_mix_dominated_by_itself(p_hat_min: float | None) -> None:
     booster = FedBoosting(fusion_p_hat=0.9, fusion_p_hat_min=p_hat_min, pieces=100)
-    shared = torch.stack([m["w"] for m in booster._shared_models(one_hot_updates(4))])  # row i: the mix sent for i
+    ctx = plugin_context(num_clients=4, clients_per_round=4)
+    shared = torch.stack([m["w"] for m in booster._shared_models(one_hot_updates(4), ctx)])  # row i: the mix for i
     assert (shared.diagonal() > shared.masked_fill(torch.eye(4, dtype=torch.bool), 0).max(dim=1).values).all()
     assert (shared.masked_fill(torch.eye(4, dtype=torch.bool), 1) > 0).all()  # every other model is mixed in
-    later = torch.stack([m["w"] for m in booster._shared_models(one_hot_updates(4, round_idx=1))])
+    next_round = dataclasses.replace(ctx, round_idx=1)
+    later = torch.stack([m["w"] for m in booster._shared_models(one_hot_updates(4, round_idx=1), next_round)])
     assert torch.equal(shared, later) == (p_hat_min is None)  # random p_hat: new fusing weights every round
 
 
