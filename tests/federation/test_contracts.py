@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from lightning_fl import FederatedCallback, SetupContext
+from lightning_fl import ClientFailure, FederatedCallback, SetupContext
 from lightning_fl.contexts import ClientSetupContext
 from lightning_fl.private import public_state
 from lightning_fl.server import FedAvg
@@ -98,3 +98,24 @@ def test_client_states_read_through_the_view_are_copies(tmp_path, index) -> None
         for tensor in client.private.values():
             tensor.zero_()
     assert all(any(t.abs().sum() > 0 for t in c.private.values()) for c in loop.clients)
+
+
+def test_the_steps_run_on_their_own_and_return_what_changed(tmp_path, monkeypatch) -> None:
+    loop = three_keylock_clients(tmp_path)
+    fit = loop.runner.fit
+
+    def fails_for_client_1(ctx, received, **kwargs):
+        if ctx.client_id == 1:
+            raise ClientFailure(1, "training", "lost power")
+        return fit(ctx, received, **kwargs)
+
+    monkeypatch.setattr(loop.runner, "fit", fails_for_client_1)
+    before = _final_state(loop)
+    ctx = loop.round_context()
+    with pytest.warns(UserWarning, match="client 1 failed"):
+        clients = loop.client_step.run(ctx, [0, 1, 2])
+    assert [u.client_id for u in clients.updates] == [0, 2] and clients.failures == {1: "failed (lost power)"}
+    server = loop.server_step.run(ctx, clients.updates)
+    assert all(torch.equal(v, before[k]) for k, v in _final_state(loop).items())  # the steps wrote no model
+    assert set(server.global_state) == set(loop.spec.update_keys)
+    assert any(not torch.equal(server.global_state[k], before[k]) for k in server.global_state)
