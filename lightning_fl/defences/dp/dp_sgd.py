@@ -14,10 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer, DPPerLayerOptimizer
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_fl.defences.dp.opacus_hooks import (
@@ -31,13 +34,15 @@ from lightning_fl.defences.dp.opacus_hooks import (
     strip_opacus_state,
 )
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant
+from lightning_fl.privacy.sampling import PoissonBatchSampler, poisson_loader
 
 if TYPE_CHECKING:
     from lightning_fl.federation.leak_points import GradientRelease
 
-__all__ = ["AccountingNoise", "PerExampleDP"]
+__all__ = ["AccountingNoise", "PerExampleDP", "Sampling"]
 
 AccountingNoise = Literal["nominal", "effective"]
+Sampling = Literal["poisson", "shuffled_batches"]
 
 
 class PerExampleDP(L.Callback):
@@ -68,10 +73,15 @@ class PerExampleDP(L.Callback):
     ``torch.func`` (they mark themselves ``per_example_unit = True``; a user's layer may do the same); their
     private parameters are clipped and noised like any other and stay private.
 
-    Inferred: batches are the loader's shuffled batches (as in the papers' code), while the accountant assumes
-    Poisson sampling at rate B/n (spec B12-3). The released gradient (``release``) is the noised batch
-    average that the optimiser applies; with B = 1 it is exactly the per-example sanitised gradient that
-    Fed-CDP's type-2 attacker sees.
+    Sampling (``sampling``): the accountant assumes Poisson sampling, each example joining a batch independently with
+    probability :math:`q = B/n` (Abadi et al., Sec. 3.1; the RDP analysis of Mironov et al.). By default
+    (``"poisson"``) the callback replaces the Trainer's shuffled fixed-size batches by such batches
+    (:func:`~lightning_fl.privacy.poisson_loader`, same number of steps per epoch, the batch size B only on
+    average), so the recorded :math:`q` is the loader's. ``"shuffled_batches"`` keeps the loader's batches, as the
+    papers' code does; epsilon is then still computed at :math:`q = B/n` and is not a proven bound for that run
+    (spec B12-3), which the federation's ``summary.json["privacy"]`` says. The released gradient (``release``) is
+    the noised batch average that the optimiser applies; with B = 1 it is exactly the per-example sanitised
+    gradient that Fed-CDP's type-2 attacker sees.
 
     Args:
         noise_multiplier: :math:`\sigma`, noise std relative to the clip bound (Fed-CDP uses 6).
@@ -87,7 +97,9 @@ class PerExampleDP(L.Callback):
         accounting_noise: the multiplier the accountant records: ``nominal`` is :math:`\sigma` as the papers
             account it; ``effective`` is the multiplier relative to the whole-gradient sensitivity that is
             really added (:func:`opacus_noise_multiplier`), sound for per-layer clipping.
-        seed: seed of the noise generator (``None``: the global torch RNG).
+        sampling: ``poisson`` (default: batches drawn as the accountant assumes) or ``shuffled_batches`` (the
+            loader's fixed-size batches; epsilon then assumes Poisson sampling the run did not use).
+        seed: seed of the noise generator and of the Poisson sampling (``None``: the global torch RNG).
 
     Raises:
         ValueError: on a non-positive clip bound, negative noise, a delta outside (0, 1) or an unknown option;
@@ -111,6 +123,7 @@ class PerExampleDP(L.Callback):
         accountant: AccountantName = "rdp",
         conversion: Conversion = "improved",
         accounting_noise: AccountingNoise = "nominal",
+        sampling: Sampling = "poisson",
         seed: int | None = None,
     ) -> None:
         if noise_multiplier < 0:
@@ -130,7 +143,13 @@ class PerExampleDP(L.Callback):
             raise ValueError(
                 f"PerExampleDP(accounting_noise={accounting_noise!r}) is unknown; use 'nominal' or 'effective'."
             )
+        if sampling not in ("poisson", "shuffled_batches"):
+            raise ValueError(
+                f"PerExampleDP(sampling={sampling!r}) is unknown; use 'poisson' (what the accountant assumes) or "
+                "'shuffled_batches' (the loader's fixed-size batches)."
+            )
         self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
+        self.sampling = sampling
         self.clipping, self.noise_scaling, self.accounting_noise = clipping, noise_scaling, accounting_noise
         self.delta, self.seed = delta, seed
         self.privacy_accountant = PrivacyAccountant(accountant, conversion=conversion)
@@ -209,9 +228,18 @@ class PerExampleDP(L.Callback):
             )
         check_no_batch_norm(pl_module)
         loader = trainer.train_dataloader
-        batch_size = getattr(loader, "batch_size", None)
-        if not batch_size:
-            raise ValueError("PerExampleDP needs a train DataLoader with a fixed `batch_size` (the expected batch B).")
+        if isinstance(getattr(loader, "batch_sampler", None), PoissonBatchSampler):  # a Trainer fitted again
+            sample_rate = loader.batch_sampler.sample_rate
+            batch_size = max(1, round(sample_rate * len(loader.dataset)))
+        else:
+            batch_size = getattr(loader, "batch_size", None)
+            if not batch_size:
+                raise ValueError(
+                    "PerExampleDP needs a train DataLoader with a fixed `batch_size` (the expected batch B)."
+                )
+            sample_rate = self.sample_rate or batch_size / len(loader.dataset)
+            if self.sampling == "poisson":
+                _use_train_loader(trainer, poisson_loader(loader, sample_rate=sample_rate, generator=self._sampler()))
         optimizer = trainer.optimizers[0]
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self._gsm = UnitAwareGradSampleModule(pl_module, loss_reduction="mean")
@@ -233,11 +261,15 @@ class PerExampleDP(L.Callback):
         else:
             dp_optimizer = DPOptimizer(optimizer, max_grad_norm=self.max_grad_norm, **options)
         step_multiplier = multiplier if self.accounting_noise == "effective" else self.noise_multiplier
-        sample_rate = self.sample_rate or batch_size / len(loader.dataset)
         dp_optimizer.attach_step_hook(lambda opt: self._on_dp_step(opt, step_multiplier, sample_rate))
         trainer.strategy.optimizers = [dp_optimizer]
         self._names = {p: n for n, p in pl_module.named_parameters()}
         self._module = pl_module
+
+    def _sampler(self) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, 1]).generate_state(1)[0]))
 
     def _detach(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._gsm is None:
@@ -252,8 +284,26 @@ class PerExampleDP(L.Callback):
         self._gsm, self._units, self._names, self._module, self._batch = None, [], {}, None, None
 
     def _on_dp_step(self, optimizer: DPOptimizer, noise_multiplier: float, sample_rate: float) -> None:
-        """Opacus step hook: the noised gradient is in ``p.grad`` now, right before the inner step."""
+        """Opacus step hook: the noised gradient is in ``p.grad`` now, right before the inner step.
+
+        An empty Poisson batch still adds noise and is accounted; it releases nothing (no example to attack).
+        """
         self.privacy_accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
-        if self.release is not None and self._module is not None:
+        if self.release is not None and self._module is not None and extract_batch_size(self._batch) > 0:
             gradients = {self._names[p]: p.grad for p in optimizer.params if p.grad is not None}
             self.release(self._module, gradients, self._batch, optimizer)
+
+
+def _use_train_loader(trainer: L.Trainer, loader: DataLoader) -> None:
+    """Make ``loader`` the train loader of the fit that is starting.
+
+    Lightning builds the loader's iterator before ``on_train_start``; the fit loop's combined loader takes the new
+    loader and its data fetcher restarts from it (the same length, so the epoch's step count is unchanged).
+    """
+    fit_loop = trainer.fit_loop
+    combined = fit_loop._combined_loader
+    if combined is None or len(combined.flattened) != 1:
+        raise ValueError("PerExampleDP(sampling='poisson') needs exactly one train DataLoader.")
+    combined.flattened = [loader]
+    fit_loop._data_fetcher.setup(combined)
+    iter(fit_loop._data_fetcher)

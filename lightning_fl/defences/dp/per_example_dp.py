@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.defences.dp.dp_sgd import AccountingNoise, PerExampleDP
+from lightning_fl.defences.dp.dp_sgd import AccountingNoise, PerExampleDP, Sampling
 from lightning_fl.defences.dp.opacus_hooks import Clipping, NoiseScaling, opacus_noise_multiplier
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant, PrivacyLedger
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from lightning_fl.federation.contexts import FederationSpec
     from lightning_fl.federation.view import FederationView
 
-__all__ = ["AccountingScope", "ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP"]
+__all__ = ["AccountingScope", "ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP", "Sampling"]
 
 AccountingScope = Literal["per_client", "federation"]
 
@@ -69,6 +69,8 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         accounting_noise: ``nominal`` or ``effective`` (see :class:`PerExampleDP`).
         accounting: ``per_client`` or ``federation`` (above).
         steps_offset: extra steps counted once at the start with ``accounting="federation"`` (1 reproduces Table VI).
+        sampling: ``poisson`` (default, what the accountant assumes) or ``shuffled_batches`` (see
+            :class:`PerExampleDP`); ``summary.json["privacy"]`` states which one the run used.
 
     Raises:
         ValueError: on an unknown option or a bad number (named in the message).
@@ -89,6 +91,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         accounting_noise: AccountingNoise = "nominal",
         accounting: AccountingScope = "per_client",
         steps_offset: int = 0,
+        sampling: Sampling = "poisson",
     ) -> None:
         if accounting not in ("per_client", "federation"):
             raise ValueError(
@@ -108,6 +111,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             accountant=accountant,
             conversion=conversion,
             accounting_noise=accounting_noise,
+            sampling=sampling,
         )
         self.delta, self.accounting, self.steps_offset = delta, accounting, steps_offset
         self.accountant_name, self.conversion = accountant, conversion
@@ -169,6 +173,17 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             for c in loop.clients
             if self.extra_key in c.extra
         }
+        loop.describe_privacy(type(self).__name__, self._sampling_facts())
+
+    def _sampling_facts(self) -> dict[str, Any]:
+        rate = "B*K_t/N per round (Fed-CDP Sec. IV-B)" if self.accounting == "federation" else "B/n_k per local step"
+        facts = {"sampling": self.dp.sampling, "accountant": self.accountant_name, "accountant_sample_rate": rate}
+        if self.dp.sampling == "shuffled_batches":
+            facts["note"] = (
+                "epsilon assumes Poisson sampling; the clients trained on shuffled fixed-size batches, so it is "
+                "not a proven bound for this run"
+            )
+        return facts
 
     @override
     def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
@@ -254,6 +269,7 @@ class FedCDP(ClientDPSGD):
         conversion: ``improved`` or ``classic``.
         accounting: ``per_client`` or ``federation`` (see :class:`ClientDPSGD`).
         steps_offset: Table VI's off-by-one with ``accounting="federation"``.
+        sampling: ``poisson`` or ``shuffled_batches`` (the authors' code; see :class:`PerExampleDP`).
     """
 
     def __init__(
@@ -267,6 +283,7 @@ class FedCDP(ClientDPSGD):
         conversion: Conversion = "improved",
         accounting: AccountingScope = "per_client",
         steps_offset: int = 0,
+        sampling: Sampling = "poisson",
     ) -> None:
         super().__init__(
             noise_multiplier=noise_multiplier,
@@ -278,4 +295,5 @@ class FedCDP(ClientDPSGD):
             conversion=conversion,
             accounting=accounting,
             steps_offset=steps_offset,
+            sampling=sampling,
         )
