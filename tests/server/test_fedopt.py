@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from lightning_fl import ClientUpdate, FedAdagrad, FedAdam, FedAvgM, FedYogi
+from lightning_fl.cli import main
 from lightning_fl.server.fedopt import ServerOptimizer
 
 SHAPES = {"conv.weight": (3, 2), "fc.bias": (4,)}
@@ -143,3 +146,12 @@ def test_server_optimizer_equals_flower_strategy_of_the_same_name(name: str) -> 
     step = ours.aggregate(updates, ctx=None)[0]
     for (key, start), flower in zip(initial.items(), flower_weights, strict=True):
         np.testing.assert_allclose((start + step[key]).numpy(), flower, rtol=1e-5, atol=1e-6)
+
+
+def test_fedopt_config_runs_through_the_cli(tmp_path: Path) -> None:
+    config = Path(__file__).parents[2] / "configs" / "fedopt_digits.yaml"
+    args = ["fit", "--config", str(config), "--output_dir", str(tmp_path), "--loop.num_rounds", "2"]
+    args += ["--loop.local_steps", "2", "--data.image_size", "16", "--loop.progress_bar", "false"]
+    assert main(args) == 0
+    history = json.loads((tmp_path / "summary.json").read_text())["history"]
+    assert all(h["server_step_norm"] > 0 for h in history)
