@@ -50,9 +50,14 @@ class FlakyClassifier(ImageClassifier):
         return super().training_step(batch, batch_idx)
 
 
-def fit(defences: list, rounds: int, drop_round: int, output: Path) -> FederatedLoop:
+def fit(
+    defences: list, rounds: int, drop_round: int, output: Path, *, image_size: int = 32, local_steps: int | None = None
+) -> FederatedLoop:
+    """The quickstart's federation (``local_steps`` instead of 3 local epochs when given), trained for ``rounds``."""
     L.seed_everything(0, verbose=False)
-    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5, batch_size=32, image_size=32)
+    dm = FederatedDataModule(
+        "digits", num_clients=10, partition="dirichlet", alpha=0.5, batch_size=32, image_size=image_size
+    )
     model = FlakyClassifier(**dm.model_options, backbone="lenet_dlg", optimizer="adam", lr=0.002)
     loop = FederatedLoop(
         model,
@@ -60,6 +65,7 @@ def fit(defences: list, rounds: int, drop_round: int, output: Path) -> Federated
         num_rounds=rounds,
         clients_per_round=5,
         local_epochs=3,
+        local_steps=local_steps,
         defences=defences,
         callbacks=[Dropout(drop_round)],
         eval_every=rounds,

@@ -7,15 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fl import ClientUpdate, FedAvg, FederatedLoop
-from lightning_fl.callbacks import FederatedCallback
-from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl import ClientUpdate, FedAvg
 from lightning_fl.defences import SecAggMasking, SecAggSum
 from lightning_fl.defences.secure_aggregation.masking import decode, shamir_reconstruct, shamir_share
 from lightning_fl.defences.secure_aggregation.secagg import MaskedInput
-from lightning_fl.models import ImageClassifier
 from lightning_fl.private import public_state
-from tests.conftest import plugin_context
+from tests.conftest import load_benchmark, plugin_context
 
 CLIENTS = [0, 1, 2, 3, 4]
 
@@ -86,50 +83,14 @@ def test_secagg_rejects_bad_settings(kwargs: dict, match: str) -> None:
         SecAggMasking(**kwargs)
 
 
-class _Dropout(FederatedCallback):
-    """Names the last client selected in round 0 as the one whose device fails (after ShareKeys)."""
-
-    victim: int | None = None
-    current: int | None = None
-
-    def on_round_start(self, loop, round_idx: int, selected: list[int]) -> None:
-        type(self).victim = selected[-1] if round_idx == 0 else None
-
-    def on_client_fit_start(self, loop, client_id: int) -> None:
-        type(self).current = client_id
-
-
-class _Flaky(ImageClassifier):
-    def training_step(self, batch, batch_idx: int):
-        if _Dropout.current == _Dropout.victim:
-            raise RuntimeError("device lost")
-        return super().training_step(batch, batch_idx)
-
-
-def _quickstart(tmp_path: Path, defences: list) -> FederatedLoop:
-    """The quickstart's federation (10 digits clients, Dirichlet 0.5, 5 a round) at 16x16, 2 rounds of 3 steps."""
-    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5, image_size=16, seed=0)
-    torch.manual_seed(0)
-    return FederatedLoop(
-        _Flaky(**dm.model_options, backbone="lenet_dlg", lr=2e-3),
-        dm,
-        num_rounds=2,
-        clients_per_round=5,
-        local_steps=3,
-        defences=defences,
-        callbacks=[_Dropout()],
-        eval_every=0,
-        checkpoint=False,
-        progress_bar=False,
-        output_dir=tmp_path,
-    )
-
-
 def test_quickstart_with_a_dropout_ends_with_the_fedavg_model_of_the_survivors(tmp_path: Path) -> None:
-    secure, plain = _quickstart(tmp_path / "secagg", [SecAggMasking()]), _quickstart(tmp_path / "plain", [])
-    for loop in (secure, plain):
+    """The quickstart's federation at 16x16 for 2 rounds of 3 steps; round 0's last selected client fails."""
+    bench = load_benchmark("secagg_dropout")
+    loops = []
+    for name, defences in (("secagg", [SecAggMasking()]), ("plain", [])):
         with pytest.warns(UserWarning, match="failed and is dropped"):
-            loop.fit()
+            loops.append(bench.fit(defences, 2, 0, tmp_path / name, image_size=16, local_steps=3))
+    secure, plain = loops
     assert secure.history[0]["secagg_dropped"] == 1 and len(secure.history[0]["clients"]) == 4
     for key, value in public_state(plain.global_model).items():
         torch.testing.assert_close(public_state(secure.global_model)[key], value, rtol=0, atol=1e-5)
