@@ -117,6 +117,7 @@ class RunRecorder:
         self.attacks: list[dict[str, Any]] = []
         self.round_metrics: dict[str, float] = {}
         self.stop_reason: str | None = None
+        self.privacy: dict[str, dict[str, Any]] = {}
         self.metrics_csv = TidyCsv(self.output_dir / "logs" / "metrics.csv", first=("round",))
         self.attacks_csv = TidyCsv(self.output_dir / "logs" / "attacks.csv", first=("round", "client", "attack"))
         self.config: dict[str, Any] = dict(config or {})
@@ -173,6 +174,7 @@ class RunRecorder:
             "history": self.history,
             "attacks": self.attacks,
             "stop_reason": self.stop_reason,
+            "privacy": self.privacy,
         }
 
     def write(self) -> Path:

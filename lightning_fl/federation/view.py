@@ -204,6 +204,11 @@ class FederationView:
         """Add metrics to the current round's history entry, e.g. ``{"epsilon": 1.2}``."""
         self._recorder.log_metrics(metrics)
 
+    def describe_privacy(self, component: str, facts: dict[str, Any]) -> None:
+        """State how ``component`` accounts its privacy in ``summary.json["privacy"][component]`` (the sampling
+        its accountant assumed and the one the run used), e.g. ``{"sampling": "poisson", "sample_rate": 0.1}``."""
+        self._loop.recorder.privacy[component] = dict(facts)
+
     def record_attack(self, entry: dict[str, Any]) -> None:
         """Append one attack result to ``summary.json["attacks"]``."""
         self._recorder.record_attack(entry)

@@ -10,10 +10,12 @@ from lightning_fl.privacy.accounting import (
 )
 from lightning_fl.privacy.clipping import clip_per_tensor, clip_state, clip_update, state_norm
 from lightning_fl.privacy.mechanisms import gaussian_noise, laplace_noise
+from lightning_fl.privacy.sampling import PoissonBatchSampler, poisson_loader
 from lightning_fl.privacy.schedules import Schedule
 
 __all__ = [
     "TF_PRIVACY_ORDERS",
+    "PoissonBatchSampler",
     "PrivacyAccountant",
     "PrivacyLedger",
     "PureDPAccountant",
@@ -25,5 +27,6 @@ __all__ = [
     "clip_update",
     "gaussian_noise",
     "laplace_noise",
+    "poisson_loader",
     "state_norm",
 ]

@@ -1,4 +1,4 @@
-"""Server side: aggregation maths and rules (FedAvg, DPFL, FedBoosting) and client selection (uniform, active)."""
+"""Server side: aggregation maths and rules (FedAvg, server optimisers, DPFL, FedBoosting), client selection."""
 
 from typing import Any
 
@@ -6,6 +6,7 @@ from lightning_fl.server.active_selection import ActiveSelector
 from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
 from lightning_fl.server.dpfl import DPFLAggregator
 from lightning_fl.server.fedavg import FedAvg
+from lightning_fl.server.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 from lightning_fl.server.selection import ClientSelector, UniformSelector
 
 __all__ = [
@@ -13,8 +14,13 @@ __all__ = [
     "Aggregator",
     "ClientSelector",
     "DPFLAggregator",
+    "FedAdagrad",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
     "FedBoosting",
+    "FedYogi",
+    "ServerOptimizer",
     "UniformSelector",
     "weighted_average",
     "weighted_sum",

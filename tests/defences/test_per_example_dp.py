@@ -80,13 +80,21 @@ def test_without_noise_and_clipping_dp_sgd_equals_plain_sgd() -> None:
     plain, private = Linear(lr=0.1), Linear(lr=0.1)
     private.load_state_dict(plain.state_dict())
     _fit(plain, [], n=16, batch=4, steps=4)
-    _fit(private, [PerExampleDP(noise_multiplier=0.0, max_grad_norm=1e6)], n=16, batch=4, steps=4)
+    _fit(
+        private,
+        [PerExampleDP(noise_multiplier=0.0, max_grad_norm=1e6, sampling="shuffled_batches")],
+        n=16,
+        batch=4,
+        steps=4,
+    )
     for a, b in zip(plain.parameters(), private.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_per_layer_clipping_bounds_every_example_and_layer() -> None:
-    dp, released = _recording_dp(noise_multiplier=0.0, max_grad_norm=0.05, clipping="per_layer")
+    dp, released = _recording_dp(
+        noise_multiplier=0.0, max_grad_norm=0.05, clipping="per_layer", sampling="shuffled_batches"
+    )
     _fit(Linear(lr=0.0), [dp], n=8, batch=1, steps=8)  # batch 1: the release is one example's gradient
     assert all(g.norm() <= 0.05 * (1 + 1e-4) for r in released for g in r.values())
     assert any(g.norm() >= 0.049 for r in released for g in r.values())
@@ -219,7 +227,7 @@ def test_type_2_leakage_succeeds_without_dp_and_under_fed_sdp_and_fails_under_fe
     """
     plain = _attacked(tmp_path / "plain", [])
     sdp = _attacked(tmp_path / "sdp", [FedSDP()])
-    cdp = _attacked(tmp_path / "cdp", [FedCDP()])
+    cdp = _attacked(tmp_path / "cdp", [FedCDP(sampling="shuffled_batches")])  # the paper's fixed B = 1
     assert plain["psnr"] >= 30 and sdp["psnr"] >= 30
     assert cdp["psnr"] < 15 and cdp["mse"] > 0.05
 

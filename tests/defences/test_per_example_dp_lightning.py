@@ -134,7 +134,7 @@ def test_per_example_gradients_through_passport_and_keylock_layers_are_exact(def
     reference = copy.deepcopy(model)
     train, _ = _loaders(batch_size=8, shuffle=False)
     released: list[dict[str, Tensor]] = []
-    dp = PerExampleDP(noise_multiplier=0.0, max_grad_norm=0.05)
+    dp = PerExampleDP(noise_multiplier=0.0, max_grad_norm=0.05, sampling="shuffled_batches")
     dp.release = lambda module, grads, batch, opt: released.append({k: g.clone() for k, g in grads.items()})
     L.Trainer(max_steps=1, callbacks=[dp], logger=False, enable_checkpointing=False, **_QUIET).fit(model, train)
     x, y = next(iter(train))
