@@ -207,7 +207,7 @@ class FederationView:
     def describe_privacy(self, component: str, facts: dict[str, Any]) -> None:
         """State how ``component`` accounts its privacy in ``summary.json["privacy"][component]`` (the sampling
         its accountant assumed and the one the run used), e.g. ``{"sampling": "poisson", "sample_rate": 0.1}``."""
-        self._loop.recorder.privacy[component] = dict(facts)
+        self._recorder.privacy[component] = dict(facts)
 
     def record_attack(self, entry: dict[str, Any]) -> None:
         """Append one attack result to ``summary.json["attacks"]``."""

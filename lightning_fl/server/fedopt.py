@@ -31,7 +31,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.aggregation import Aggregator, weighted_average
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext
+    from lightning_fl.contexts import RoundContext
 
 __all__ = ["FedAdagrad", "FedAdam", "FedAvgM", "FedYogi", "ServerOptimizer"]
 

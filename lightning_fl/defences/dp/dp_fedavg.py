@@ -43,7 +43,7 @@ from lightning_fl.server.fedopt import ServerOptimizer
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, FederationSpec, RoundContext
+    from lightning_fl.contexts import ClientContext, FederationSpec, RoundContext
     from lightning_fl.federation.view import FederationView
 
 __all__ = ["DPFedAvg", "update_noise_multiplier"]

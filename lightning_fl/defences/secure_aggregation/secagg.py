@@ -51,7 +51,7 @@ from lightning_fl.server.aggregation import Aggregator
 from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import ClientContext, RoundContext
+    from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.view import FederationView
 
 __all__ = ["MaskedInput", "SecAggMasking", "SecAggSum"]
