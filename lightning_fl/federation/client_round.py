@@ -131,7 +131,8 @@ class ClientRound:
             )
             log.exception("client %s failed in %s", client_id, failure.stage)
             return None
-        reason = refused or check_update(update, {k: ctx.global_state[k] for k in loop.spec.update_keys})
+        expected = {k: ctx.global_state[k] for k in loop.spec.update_keys}
+        reason = refused or check_update(update, expected, num_train_samples=ctx.spec.num_train_samples[client_id])
         if reason is not None:
             warnings.warn(f"round {loop.round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
