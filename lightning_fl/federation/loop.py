@@ -146,6 +146,7 @@ class FederatedLoop:
         build.update(local_steps=local_steps, seed=seed, min_clients=min_clients)
         FederationSpec.build(model, datamodule, **build)
         parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
+        self.defences = list(defences)
         self.spec = FederationSpec.build(model, datamodule, **build)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
         self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
@@ -260,6 +261,7 @@ class FederatedLoop:
                 raise RuntimeError(f"FederatedLoop.prepare ran with resume={self._prepared}; fit(resume={resume}).")
             return
         self.lock.check()
+        self.checkpoint.fingerprint(self)  # of the plug-ins as built, before their setup changes them
         if resume and self.checkpoint.restore_run(self):
             log.info("resumed after round %d", self.round_idx - 1)
         setup = SetupContext.of(self)
