@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -33,8 +34,9 @@ class PrivacyBudget(FederatedCallback):
         target_epsilon: the budget.
 
     Raises:
-        ValueError: if ``target_epsilon`` is not positive; at the start of training if the loop has no ledger
-            or not even one round fits in the budget.
+        ValueError: if ``target_epsilon`` is not a finite number > 0; at the start of training if not even one
+            round fits in the budget. A loop with no ledger is refused when it is built
+            (:func:`~lightning_fl.federation.composition.check_budget_has_ledger`).
 
     Example:
         >>> PrivacyBudget(target_epsilon=20.0).target_epsilon
@@ -42,8 +44,8 @@ class PrivacyBudget(FederatedCallback):
     """
 
     def __init__(self, target_epsilon: float) -> None:
-        if target_epsilon <= 0:
-            raise ValueError(f"PrivacyBudget(target_epsilon={target_epsilon}) must be > 0.")
+        if not (0 < target_epsilon < math.inf):
+            raise ValueError(f"PrivacyBudget(target_epsilon={target_epsilon}) must be a finite number > 0.")
         self.target_epsilon = float(target_epsilon)
         self.stopped_at: int | None = None
 
@@ -55,13 +57,7 @@ class PrivacyBudget(FederatedCallback):
 
     @override
     def on_fit_start(self, loop: FederationView) -> None:
-        ledgers = self.ledgers(loop)
-        if not ledgers:
-            raise ValueError(
-                "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
-                "DualDPFL) to loop.defences or the transforms."
-            )
-        first = sum(ledger.epsilon_projected(loop.spec) for ledger in ledgers)
+        first = sum(ledger.epsilon_projected(loop.spec) for ledger in self.ledgers(loop))
         if loop.round_idx < loop.num_rounds and first > self.target_epsilon:
             raise ValueError(
                 f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "

@@ -27,6 +27,7 @@ from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint
 from lightning_fl.federation.client_round import ClientRound
 from lightning_fl.federation.client_runner import ClientRunner
+from lightning_fl.federation.composition import check_composition
 from lightning_fl.federation.contexts import FederationSpec, RoundContext, SetupContext
 from lightning_fl.federation.distributed import launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
@@ -159,6 +160,12 @@ class FederatedLoop:
         self.broadcast_transforms = [*parts.broadcast_transforms, *broadcast_transforms]
         self.callbacks = [*parts.callbacks, *callbacks]
         self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
+        check_composition(
+            client_transforms=self.client_transforms,
+            aggregator=self.aggregator,
+            callbacks=self.callbacks,
+            components=self.components(),
+        )
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
         self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
         self.lock = RunLock(self.output_dir)
