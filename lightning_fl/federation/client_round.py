@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from lightning_fl.federation.distributed import RankPool, Ranks
-from lightning_fl.federation.failures import ClientFailure
+from lightning_fl.federation.failures import ClientFailure, log_failure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
 from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
@@ -129,7 +129,7 @@ class ClientRound:
             warnings.warn(
                 f"round {loop.round_idx}: client {client_id} failed and is dropped ({failure.detail})", stacklevel=4
             )
-            log.exception("client %s failed in %s", client_id, failure.stage)
+            log_failure(log, failure)
             return None
         expected = {k: ctx.global_state[k] for k in loop.spec.update_keys}
         reason = refused or check_update(update, expected, num_train_samples=ctx.spec.num_train_samples[client_id])
