@@ -187,7 +187,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
     loop.recorder.config = _resolved_config(cfg)
     if cfg.resume:
-        check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
+        check_checkpoints_load_safely(loop.checkpoint.committed_files())  # an uncommitted file is deleted unread
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
 
     def fit() -> dict[str, Any]:

@@ -9,9 +9,10 @@ the fingerprint; files of a round that was never committed are deleted. Server a
 come from the same round (a crash between the server file and the client files used to resume with stale client
 secrets).
 
-The manifest holds file names and digests only; private client state lives only in ``clients/`` (client-side
-storage) and never enters a server file. Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until
-its last file is written.
+What the manifest promises (integrity against accidents, not against someone who can rewrite it) and the checks
+beyond the digests are in :mod:`lightning_fl.federation.integrity`. The manifest holds file names and digests
+only; private client state lives only in ``clients/`` (client-side storage) and never enters a server file.
+Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until its last file is written.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from lightning_fl.federation.contexts import ClientState
+from lightning_fl.federation.integrity import check_client_file, check_manifest_layout, check_server_file
 from lightning_fl.private import load_state_into
 
 __all__ = ["Checkpoint", "atomic_write", "fingerprint_changes", "held_signals"]
@@ -142,6 +144,7 @@ class Checkpoint:
             manifest = json.loads(self.manifest_path.read_text())
             if manifest.get("format") != FORMAT or not {"round_idx", "server", "clients"} <= set(manifest):
                 raise ValueError("unknown layout")
+            check_manifest_layout(manifest)
         except (ValueError, AttributeError) as err:
             raise ValueError(
                 f"{str(self.manifest_path)!r} is not a lightning-fl checkpoint manifest ({err}); "
@@ -271,6 +274,7 @@ class Checkpoint:
             return False
         manifest = self.check_resumable(self.fingerprint(loop))
         state = self._read(manifest["server"])
+        check_server_file(state, round_idx=manifest["round_idx"], path=manifest["server"]["path"])
         load_state_into(loop.global_model, state["global_state"])
         loop.round_idx = int(state["round_idx"])
         for component, c_state in zip(loop.components(), state["components"], strict=True):
@@ -282,7 +286,9 @@ class Checkpoint:
             loop.runner.initial_private = self._read(manifest["initial_private"])
             load_state_into(loop.global_model, loop.runner.initial_private)
         for k, entry in manifest["clients"].items():
-            loop.runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
+            client = self._read(entry)
+            check_client_file(client, slot=int(k), path=entry["path"])
+            loop.runner.states[int(k)] = ClientState.from_state_dict(client)
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
         return True
 
