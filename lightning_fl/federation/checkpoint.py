@@ -264,6 +264,18 @@ class Checkpoint:
         manifest = self.read_manifest()
         return self._read(manifest["server"]) if manifest else None
 
+    def load_client(self, client_id: int, manifest: Mapping[str, Any] | None = None) -> ClientState:
+        """The committed client-side state of ``client_id`` (client storage: private layers, keys).
+
+        Raises:
+            ValueError: when its file is missing, changed since the commit, or holds another client;
+                KeyError: when the client has no committed state.
+        """
+        entry = (manifest or self._committed())["clients"][str(client_id)]
+        state = self._read(entry)
+        check_client_file(state, slot=client_id, path=entry["path"])
+        return ClientState.from_state_dict(state)
+
     def restore_run(self, loop: Any) -> bool:
         """Restore ``loop`` to its last committed round; False when there is none.
 
@@ -285,10 +297,8 @@ class Checkpoint:
         if manifest["initial_private"] is not None:  # the global model's own private layers never change
             loop.runner.initial_private = self._read(manifest["initial_private"])
             load_state_into(loop.global_model, loop.runner.initial_private)
-        for k, entry in manifest["clients"].items():
-            client = self._read(entry)
-            check_client_file(client, slot=int(k), path=entry["path"])
-            loop.runner.states[int(k)] = ClientState.from_state_dict(client)
+        for k in manifest["clients"]:
+            loop.runner.states[int(k)] = self.load_client(int(k), manifest)
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
         return True
 
