@@ -187,7 +187,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
     loop.recorder.config = _resolved_config(cfg)
     if cfg.resume:
-        check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
+        check_checkpoints_load_safely(loop.checkpoint.committed_files())  # an uncommitted file is deleted unread
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
 
     def fit() -> dict[str, Any]:
@@ -246,6 +246,8 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
     def prepare(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, float]]]:
         from torch.utils.data import ConcatDataset, DataLoader
 
+        from lightning_fl.federation.checkpoint import Checkpoint
+        from lightning_fl.federation.evaluation import mean_over_clients, trained_clients
         from lightning_fl.federation.trainers import build_trainer, trainer_options
 
         init = _instantiate(parser, cfg)
@@ -260,13 +262,20 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
                 raise ValueError("validate needs validation data: set data.val_fraction > 0 (or use `test`).")
             loader = DataLoader(pooled, batch_size=data.eval_batch_size)
         trainer = build_trainer(trainer_options(cfg.loop.trainer), validate=stage == "validate")
+        clients = trained_clients(init.model, Checkpoint(cfg.output_dir))  # a personalised model: its clients' own
 
         def evaluate() -> list[dict[str, float]]:
             run = trainer.test if stage == "test" else trainer.validate
-            results = run(init.model, dataloaders=loader, verbose=False)
-            for key, value in results[0].items():
+
+            def score(model: L.LightningModule) -> dict[str, float]:
+                return run(model, dataloaders=loader, verbose=False)[0]
+
+            results = mean_over_clients(init.model, clients, score) if clients else score(init.model)
+            if clients:
+                print(f"mean over the {len(clients)} trained clients' own models (public state + private layers):")
+            for key, value in results.items():
                 print(f"{key}: {value:.4f}")
-            return results
+            return [results]
 
         return evaluate
 

@@ -25,8 +25,10 @@ __all__ = [
     "check_callback_schedule",
     "check_checkpoints_load_safely",
     "check_learning_rate",
+    "check_non_negative",
     "check_num_rounds",
     "check_output_dir",
+    "check_positive",
     "check_resume",
     "check_trainer_options",
     "update_norm_outliers",
@@ -60,6 +62,38 @@ def check_learning_rate(lr: float, *, key: str = "model.init_args.lr") -> None:
             "Did you mean a negative exponent (e.g. 1e-3)?",
             stacklevel=2,
         )
+
+
+def check_positive(value: float, *, owner: str, name: str, hint: str = "") -> None:
+    """Reject an argument that is not a finite number > 0 (``value <= 0`` alone lets NaN through).
+
+    Raises:
+        ValueError: ``<owner>(<name>=<value>) must be a finite number > 0`` and ``hint``.
+
+    Example:
+        >>> check_positive(-1.0, owner="DualDPFL", name="target_epsilon", hint="; it is the privacy budget")
+        Traceback (most recent call last):
+        ...
+        ValueError: DualDPFL(target_epsilon=-1.0) must be a finite number > 0; it is the privacy budget.
+    """
+    if not (isinstance(value, int | float) and 0 < value < math.inf):
+        raise ValueError(f"{owner}({name}={value}) must be a finite number > 0{hint}.")
+
+
+def check_non_negative(value: float, *, owner: str, name: str, hint: str = "") -> None:
+    """Reject an argument that is not a finite number >= 0 (``value < 0`` alone lets NaN through).
+
+    Raises:
+        ValueError: ``<owner>(<name>=<value>) must be a finite number >= 0`` and ``hint``.
+
+    Example:
+        >>> check_non_negative(float("nan"), owner="GaussianNoise", name="noise_std")
+        Traceback (most recent call last):
+        ...
+        ValueError: GaussianNoise(noise_std=nan) must be a finite number >= 0.
+    """
+    if not (isinstance(value, int | float) and 0 <= value < math.inf):
+        raise ValueError(f"{owner}({name}={value}) must be a finite number >= 0{hint}.")
 
 
 def check_num_rounds(num_rounds: int, *, key: str = "loop.num_rounds") -> None:

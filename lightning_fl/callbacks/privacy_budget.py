@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -32,8 +33,9 @@ class PrivacyBudget(FederatedCallback):
         target_epsilon: the budget.
 
     Raises:
-        ValueError: if ``target_epsilon`` is not positive; at the start of training if the loop has no ledger
-            or not even one round fits in the budget.
+        ValueError: if ``target_epsilon`` is not a finite number > 0; at the start of training if not even one
+            round fits in the budget. A loop with no ledger is refused when it is built
+            (:func:`~lightning_fl.federation.composition.check_budget_has_ledger`).
 
     Example:
         >>> PrivacyBudget(target_epsilon=20.0).target_epsilon
@@ -41,8 +43,8 @@ class PrivacyBudget(FederatedCallback):
     """
 
     def __init__(self, target_epsilon: float) -> None:
-        if target_epsilon <= 0:
-            raise ValueError(f"PrivacyBudget(target_epsilon={target_epsilon}) must be > 0.")
+        if not (0 < target_epsilon < math.inf):
+            raise ValueError(f"PrivacyBudget(target_epsilon={target_epsilon}) must be a finite number > 0.")
         self.target_epsilon = float(target_epsilon)
         self.stopped_at: int | None = None
 
@@ -53,13 +55,7 @@ class PrivacyBudget(FederatedCallback):
 
     @override
     def on_fit_start(self, federation: FederationView) -> None:
-        ledgers = self.ledgers(federation)
-        if not ledgers:
-            raise ValueError(
-                "PrivacyBudget found no privacy ledger in the loop; add a DP defence (FedCDP, FedSDP, PoGZNoise, "
-                "DualDPFL) to federation.defences or the transforms."
-            )
-        first = sum(ledger.epsilon_projected(federation.spec) for ledger in ledgers)
+        first = sum(ledger.epsilon_projected(federation.spec) for ledger in self.ledgers(federation))
         if federation.round_idx < federation.num_rounds and first > self.target_epsilon:
             raise ValueError(
                 f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
@@ -54,7 +54,16 @@ class Defence:
 
     Subclasses hold their options (and the values their parts share, such as sigma or keys) and are chosen in
     YAML with ``class_path``/``init_args``.
+
+    Attributes:
+        model_stage: when :func:`apply_defences` applies this defence's layers, lower first, whatever the list
+            order: a defence that changes the layers around a convolution (key-lock: the normalisation after
+            it, stage 0) comes before one that replaces the convolution itself (passports, stage 1), and one
+            that marks whole layers private (private split, stage 2) comes last, so any order of the list gives
+            one architecture.
     """
+
+    model_stage: ClassVar[int] = 0
 
     def apply_to_model(self, model: nn.Module) -> nn.Module:
         """Change ``model`` in place (add private layers, passports, key-locks) and return it. Default: no change."""
@@ -66,13 +75,16 @@ class Defence:
 
 
 def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
-    """Apply the model layers of ``defences`` to ``model``, in order; returns the (same) model.
+    """Apply the model layers of ``defences`` to ``model`` by :attr:`Defence.model_stage`; returns the same model.
 
-    For a plain Lightning project: ``apply_defences(my_module, [KeyLocks()])``, then train it with any
-    Trainer plus the client callbacks of :meth:`Defence.parts` (for example :class:`PerExampleDP`).
+    The stage, not the list order, decides (the sort is stable): ``[Passports(), KeyLocks()]`` and
+    ``[KeyLocks(), Passports()]`` both give a passport convolution followed by a key-locked normalisation. For a
+    plain Lightning project: ``apply_defences(my_module, [KeyLocks()])``, then train it with any Trainer plus the
+    client callbacks of :meth:`Defence.parts` (for example :class:`PerExampleDP`).
 
     Raises:
         TypeError: if an entry is not a :class:`Defence`.
+        ValueError: if a defence is listed twice (two key-locks would lock the block twice).
 
     Example:
         >>> from lightning_fl.defences import KeyLocks
@@ -80,13 +92,9 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
         >>> type(apply_defences(net, [KeyLocks(key_length=8)])[1]).__name__
         'KeyLockNorm2d'
     """
+    _check_bundles(defences)
     applied = model.__dict__.setdefault("_fl_applied_defences", [])  # a second loop on the same model: no re-apply
-    for defence in defences:
-        if not isinstance(defence, Defence):
-            raise TypeError(
-                f"defences=[..., {type(defence).__name__}, ...] is not a Defence; pass Defence bundles (Passports, "
-                "KeyLocks, FedCDP, ...). Plain callbacks and transforms go to loop.callbacks / loop.*_transforms."
-            )
+    for defence in sorted(defences, key=lambda d: d.model_stage):
         if id(defence) in applied:
             continue
         returned = defence.apply_to_model(model)
@@ -94,6 +102,24 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
             raise TypeError(f"{type(defence).__name__}.apply_to_model must change the model in place and return it.")
         applied.append(id(defence))
     return model
+
+
+def _check_bundles(defences: Sequence[Defence]) -> None:
+    """Every entry is a :class:`Defence`, and no class is listed twice."""
+    first: dict[type, int] = {}
+    for index, defence in enumerate(defences):
+        if not isinstance(defence, Defence):
+            raise TypeError(
+                f"defences=[..., {type(defence).__name__}, ...] is not a Defence; pass Defence bundles (Passports, "
+                "KeyLocks, FedCDP, ...). Plain callbacks and transforms go to loop.callbacks / loop.*_transforms."
+            )
+        if type(defence) in first:
+            name = type(defence).__name__
+            raise ValueError(
+                f"defences[{index}]={name} repeats defences[{first[type(defence)]}]; list each defence once (set its "
+                f"options there): applied twice, {name} would stack a second copy of its layers or noise."
+            )
+        first[type(defence)] = index
 
 
 def collect_parts(

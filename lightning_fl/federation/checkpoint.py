@@ -8,9 +8,10 @@ settings that define the federation. Resume loads only what the manifest names, 
 the fingerprint; files of a round that was never committed are deleted. Server and client state therefore always
 come from the same round.
 
-The manifest holds file names and digests only; private client state lives only in ``clients/`` (client-side
-storage) and never enters a server file. Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until
-its last file is written.
+What the manifest promises (integrity against accidents, not against someone who can rewrite it) and the checks
+beyond the digests are in :mod:`lightning_fl.federation.integrity`. The manifest holds file names and digests
+only; private client state lives only in ``clients/`` (client-side storage) and never enters a server file.
+Signals (Ctrl+C, SIGTERM) that arrive during a commit are held until its last file is written.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from lightning_fl.contexts import ClientState
+from lightning_fl.federation.integrity import check_client_file, check_manifest_layout, check_server_file
 from lightning_fl.private import load_state_into, public_state
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ class Checkpoint:
             manifest = json.loads(self.manifest_path.read_text())
             if manifest.get("format") != FORMAT or not {"round_idx", "server", "clients"} <= set(manifest):
                 raise ValueError("unknown layout")
+            check_manifest_layout(manifest)
         except (ValueError, AttributeError) as err:
             raise ValueError(
                 f"{str(self.manifest_path)!r} is not a lightning-fl checkpoint manifest ({err}); "
@@ -290,6 +293,18 @@ class Checkpoint:
             )
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
+    def load_client(self, client_id: int, manifest: Mapping[str, Any] | None = None) -> ClientState:
+        """The committed client-side state of ``client_id`` (client storage: private layers, keys).
+
+        Raises:
+            ValueError: when its file is missing, changed since the commit, or holds another client;
+                KeyError: when the client has no committed state.
+        """
+        entry = (manifest or self._committed())["clients"][str(client_id)]
+        state = self._read(entry)
+        check_client_file(state, slot=client_id, path=entry["path"])
+        return ClientState.from_state_dict(state)
+
     def restore_run(self, parts: RunParts) -> int | None:
         """Restore ``parts`` to the last committed round; returns the round to run next, ``None`` without one.
 
@@ -300,6 +315,7 @@ class Checkpoint:
             return None
         manifest = self.check_resumable(self.fingerprint(parts))
         state = self._read(manifest["server"])
+        check_server_file(state, round_idx=manifest["round_idx"], path=manifest["server"]["path"])
         load_state_into(parts.global_model, state["global_state"])
         for component, c_state in zip(parts.components, state["components"], strict=True):
             component.load_state_dict(c_state)
@@ -310,8 +326,8 @@ class Checkpoint:
         if manifest["initial_private"] is not None:  # the global model's own private layers never change
             runner.initial_private = self._read(manifest["initial_private"])
             load_state_into(parts.global_model, runner.initial_private)
-        for k, entry in manifest["clients"].items():
-            runner.states[int(k)] = ClientState.from_state_dict(self._read(entry))
+        for k in manifest["clients"]:
+            runner.states[int(k)] = self.load_client(int(k), manifest)
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
         return int(state["round_idx"])
 

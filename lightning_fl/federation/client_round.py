@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from torch import Tensor
 
 from lightning_fl.federation.distributed import RankPool, Ranks
-from lightning_fl.federation.failures import ClientFailure
+from lightning_fl.federation.failures import ClientFailure, log_failure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
 from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
@@ -215,9 +215,10 @@ class ClientStep:
             failures[client_id] = f"failed ({failure.detail})"
             message = f"round {round_idx}: client {client_id} failed and is dropped ({failure.detail})"
             warnings.warn(message, stacklevel=4)
-            log.exception("client %s failed in %s", client_id, failure.stage)
+            log_failure(log, failure)
             return None
-        reason = refused or check_update(update, {k: ctx.global_state[k] for k in ctx.spec.update_keys})
+        expected = {k: ctx.global_state[k] for k in ctx.spec.update_keys}
+        reason = refused or check_update(update, expected, num_train_samples=ctx.spec.num_train_samples[client_id])
         if reason is not None:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)

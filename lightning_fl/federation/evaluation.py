@@ -15,12 +15,14 @@ from torch.utils.data import DataLoader
 from lightning_fl.contexts import ClientState
 from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
-from lightning_fl.private import load_state_into
+from lightning_fl.private import load_state_into, private_state
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["ClientEvaluation", "Evaluator", "logged_metric"]
+    from lightning_fl.federation.checkpoint import Checkpoint
+
+__all__ = ["ClientEvaluation", "Evaluator", "logged_metric", "mean_over_clients", "trained_clients"]
 
 EvalOn = Literal["global", "clients"]
 
@@ -184,3 +186,53 @@ class Evaluator:
             load_state_into(worker, client.private)
             scores.append(self.test(worker, loader))
         return float(np.mean(scores))
+
+
+def trained_clients(model: L.LightningModule, checkpoint: Checkpoint) -> list[ClientState]:
+    """The trained clients whose own models score ``model``'s run, or ``[]`` when its public weights are the model.
+
+    A model with private layers (key-locks, passports, a private split) is a different model on each client: the
+    public global state alone, with the layers' initial values, is no client's model (a key-lock + passport run
+    scored 0.09 that way against 0.24 for its clients' own models). Its score is that of each trained client's
+    own model, as ``loop.eval_on: clients`` computes it during the run; the clients' private layers are read from
+    their committed client-side storage (``clients/``, named and digest-checked by the manifest), in the clients'
+    role: only the scores leave.
+
+    Raises:
+        ValueError: when ``model`` has private layers but the run directory holds no trained client's state.
+    """
+    private = private_state(model)
+    if not private:
+        return []
+    manifest = checkpoint.read_manifest()
+    slots = sorted(map(int, manifest["clients"])) if manifest else []
+    clients = [c for c in (checkpoint.load_client(k, manifest) for k in slots) if c.initialised]
+    if not clients:
+        raise ValueError(
+            f"the model has private layers ({sorted(private)[:2]} ...) that the public global model does not hold, "
+            f"and {str(checkpoint.output_dir)!r} holds no trained client's state to score each client's own model "
+            "with; set output_dir to the run that trained it."
+        )
+    return clients
+
+
+def mean_over_clients(
+    model: L.LightningModule, clients: Sequence[ClientState], score: Callable[[L.LightningModule], dict[str, float]]
+) -> dict[str, float]:
+    """Each metric of ``score(model)`` averaged over ``clients``' own models (``model`` + each one's private layers).
+
+    ``model`` keeps the last client's private layers afterwards.
+
+    Example:
+        >>> from torch import nn
+        >>> from lightning_fl.private import mark_private
+        >>> net = nn.Sequential(nn.Linear(1, 1), mark_private(nn.Linear(1, 1)))
+        >>> clients = [ClientState(k, {"1.bias": torch.tensor([float(k)])}, initialised=True) for k in (1, 3)]
+        >>> mean_over_clients(net, clients, lambda m: {"bias": float(m[1].bias.detach())})
+        {'bias': 2.0}
+    """
+    results = []
+    for client in clients:
+        load_state_into(model, client.private)
+        results.append(score(model))
+    return {key: float(np.mean([r[key] for r in results])) for key in results[0]}

@@ -9,7 +9,10 @@ outlive a bug in its own server-side code. The boundary is where the code runs, 
   encryption). The loop drops that client for the round with a warning (and the traceback in the
   ``lightning_fl.federation.loop`` log); an update that arrives but is unsound (non-finite, wrong keys or shapes,
   a norm outlier) is dropped the same way by the update checks. Fewer than ``loop.min_clients`` kept updates
-  still end the run.
+  still end the run. The warning is one line; the traceback is logged at DEBUG, or at ERROR when
+  ``LIGHTNING_FL_TRACEBACK=1`` (:func:`log_failure`). A misconfigured client callback (an ``EarlyStopping`` on a
+  metric the model never logs) is such a failure: every client is dropped with one line each, and the round
+  ends the run with one line.
 * **Everything else propagates**: errors in the loop's own steps around the fit (loading the client's state,
   building its update), in FL callbacks (``on_client_fit_end``, attacks at any leak point, also when a
   local-gradient listener runs inside the client's fit: :class:`ServerSideError`), in selection, aggregation,
@@ -20,9 +23,14 @@ outlive a bug in its own server-side code. The boundary is where the code runs, 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterator
 
-__all__ = ["ClientFailure", "ServerSideError", "client_work"]
+__all__ = ["TRACEBACK_ENV", "ClientFailure", "ServerSideError", "client_work", "log_failure"]
+
+TRACEBACK_ENV = "LIGHTNING_FL_TRACEBACK"
+"""Set to 1 to get full tracebacks: of a run-time failure of ``lightning-fl``, and of every dropped client."""
 
 
 class ClientFailure(Exception):
@@ -64,3 +72,13 @@ def client_work(client_id: int, stage: str) -> Iterator[None]:
         raise
     except Exception as err:
         raise ClientFailure(client_id, stage, repr(err)) from err
+
+
+def log_failure(logger: logging.Logger, failure: ClientFailure) -> None:
+    """Log the traceback of a dropped client: at DEBUG, or at ERROR when ``LIGHTNING_FL_TRACEBACK=1``.
+
+    The loop's one-line warning already says which client failed and why; a traceback per client buried a
+    misconfigured callback under hundreds of lines.
+    """
+    level = logging.ERROR if os.environ.get(TRACEBACK_ENV) == "1" else logging.DEBUG
+    logger.log(level, "client %s failed in %s", failure.client_id, failure.stage, exc_info=failure)

@@ -30,6 +30,7 @@ from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint, RunParts
 from lightning_fl.federation.client_round import ClientPool, ClientStep, open_pool
 from lightning_fl.federation.client_runner import ClientRunner
+from lightning_fl.federation.composition import check_composition
 from lightning_fl.federation.distributed import Ranks, launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
 from lightning_fl.federation.fingerprint import federation_fingerprint
@@ -148,6 +149,7 @@ class FederatedLoop:
         build.update(local_steps=local_steps, seed=seed, min_clients=min_clients)
         FederationSpec.build(model, datamodule, **build)
         parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
+        self.defences = list(defences)
         self.spec = FederationSpec.build(model, datamodule, **build)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
         self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
@@ -160,6 +162,12 @@ class FederatedLoop:
         self.broadcast_transforms = [*parts.broadcast_transforms, *broadcast_transforms]
         self.callbacks = [*parts.callbacks, *callbacks]
         self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
+        check_composition(
+            client_transforms=self.client_transforms,
+            aggregator=self.aggregator,
+            callbacks=self.callbacks,
+            components=self.components(),
+        )
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
         self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
         self.lock = RunLock(self.output_dir)
@@ -281,11 +289,13 @@ class FederatedLoop:
             spec=self.spec,
             datamodule=self.datamodule,
             model=self.global_model,
+            defences=self.defences,
             aggregator=self.aggregator,
             selector=self.selector,
             client_transforms=self.client_transforms,
             server_transforms=self.server_transforms,
             broadcast_transforms=self.broadcast_transforms,
+            client_callbacks=self.client_callbacks,
             callbacks=self.callbacks,
         )
 
@@ -325,6 +335,7 @@ class FederatedLoop:
                 raise RuntimeError(f"FederatedLoop.prepare ran with resume={self._prepared}; fit(resume={resume}).")
             return
         self.lock.check()
+        self.checkpoint.fingerprint(self.parts)  # of the plug-ins as built, before their setup changes them
         restored = self.checkpoint.restore_run(self.parts) if resume else None
         if restored is not None:
             self.round_idx = restored

@@ -85,17 +85,19 @@ def norm_bounds(max_update_norm_ratio: float | None, max_update_norm: float | No
 def drop_norm_outliers(
     updates: Sequence[ClientUpdate], *, max_ratio: float, max_norm: float, round_idx: int
 ) -> list[ClientUpdate]:
-    """Server side, before aggregation: drop plaintext updates whose float64 norm is an outlier, with a warning.
+    """Server side, before aggregation: drop updates whose float64 norm is an outlier, with a warning.
 
     The rule is :func:`lightning_fl.validation.update_norm_outliers` (``max_ratio`` times the round's lower median,
-    or above ``max_norm``). Encrypted updates were checked by their clients (:func:`encode_update`).
+    or above ``max_norm``), on the norm of what the server can read: the whole delta of a plaintext update, and the
+    layers an encrypted update sends in the clear (``PaillierEncryption(layers=...)``). The encrypted layers were
+    checked by their clients before encryption (:func:`encode_update`); a client that skips that check is bounded
+    there only by the encoding's ``value_bound``.
     """
-    plain = [u for u in updates if u.payload is None]
-    norms = [update_norm(u) for u in plain]
-    if not plain or (math.isinf(max_ratio) and math.isinf(max_norm)):
+    norms = [update_norm(u) for u in updates]
+    if not updates or (math.isinf(max_ratio) and math.isinf(max_norm)):
         return list(updates)
     outliers = update_norm_outliers(norms, max_ratio=max_ratio, max_norm=max_norm)
-    flagged = {plain[i].client_id: norms[i] for i in outliers}
+    flagged = {updates[i].client_id: norms[i] for i in outliers}
     finite = sorted(n for n in norms if math.isfinite(n))
     median = finite[(len(finite) - 1) // 2] if finite else math.nan
     for client_id, norm in flagged.items():
@@ -109,28 +111,46 @@ def drop_norm_outliers(
     return [u for u in updates if u.client_id not in flagged]
 
 
-def check_update(update: ClientUpdate, expected: Mapping[str, Tensor]) -> str | None:
-    """Why ``update`` must be dropped (wrong keys, shapes, non-finite values, no samples), or ``None``.
+def check_update(update: ClientUpdate, expected: Mapping[str, Tensor], *, num_train_samples: int) -> str | None:
+    """Why ``update`` must be dropped, or ``None``: it is checked whole before the server uses any of it.
+
+    Its layers (plaintext, plus the ones an encrypted ``payload`` declares) must be exactly the ``expected``
+    public layers, of their shapes; its plaintext values finite; its ``num_samples`` (the client's FedAvg weight)
+    a whole number between 1 and ``num_train_samples``, the client's data size: a client cannot claim more data
+    than it holds and take over the average.
 
     Example:
-        >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 0, 0.0), {"w": torch.zeros(2)})
-        'num_samples=0 is not positive'
+        >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 10**12, 0.0), {"w": torch.zeros(2)},
+        ...              num_train_samples=50)
+        'num_samples=1e+12 is not a whole number in 1..50 (the client holds 50 training samples)'
     """
-    if update.payload is not None:
-        # an opaque payload (ciphertexts) carries the layers missing from delta; the aggregator that reads it
-        # checks it, here only the plaintext layers are
-        expected = {k: v for k, v in expected.items() if k in update.delta}
-    if set(update.delta) != set(expected):
-        missing, extra = sorted(set(expected) - set(update.delta)), sorted(set(update.delta) - set(expected))
-        return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]})"
+    encrypted = getattr(update.payload, "shapes", {}) if update.payload is not None else {}
+    declared = [*update.delta, *encrypted]
+    if sorted(declared) != sorted(expected):
+        missing, extra = sorted(set(expected) - set(declared)), sorted(set(declared) - set(expected))
+        twice = sorted(set(update.delta) & set(encrypted))
+        both = f", sent both encrypted and in the clear {twice[:3]}" if twice else ""
+        return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]}{both})"
     for key, value in update.delta.items():
         if not isinstance(value, Tensor) or value.shape != expected[key].shape:
             return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(expected[key].shape)}"
         if not torch.isfinite(value).all():
             return f"tensor {key!r} has non-finite values"
-    if not (update.num_samples > 0):
-        return f"num_samples={update.num_samples} is not positive"
-    return None
+    return _check_num_samples(update.num_samples, num_train_samples)
+
+
+def _check_num_samples(num_samples: Any, num_train_samples: int) -> str | None:
+    """Why a reported ``num_samples`` cannot be a FedAvg weight (not a whole number in 1..n_k), or ``None``."""
+    try:
+        value = float(num_samples)
+    except (TypeError, ValueError):
+        value = math.nan
+    if math.isfinite(value) and value.is_integer() and 1 <= value <= num_train_samples:
+        return None
+    return (
+        f"num_samples={value:.3g} is not a whole number in 1..{num_train_samples} (the client holds "
+        f"{num_train_samples} training samples)"
+    )
 
 
 def decode_aggregate(aggregate: Any, transforms: Sequence[ClientTransform], *, ctx: ClientContext, source: Any) -> dict:

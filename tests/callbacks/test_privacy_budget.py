@@ -67,5 +67,5 @@ def test_budget_without_a_dp_defence_is_an_error(tmp_path: Path) -> None:
 
 
 def test_budget_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
         PrivacyBudget(0.0)

@@ -69,7 +69,7 @@ def test_gradient_pruning_transform_prunes_the_shared_update() -> None:
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        (lambda: GaussianNoise(-1.0), r"noise_std=-1.0\) must be >= 0"),
+        (lambda: GaussianNoise(-1.0), r"noise_std=-1.0\) must be a finite number >= 0"),
         (lambda: GaussianNoise(0.1, unit="weights"), r"unit='weights'\) is unknown"),
         (lambda: GradientPruning(1.0), r"ratio=1.0\) must be in \[0, 1\)"),
         (lambda: GradientPruning(0.2, scope="layer"), r"scope='layer'\) is unknown"),

@@ -9,6 +9,7 @@ import torch
 
 from lightning_fl.attacks import metrics as M
 from lightning_fl.cli import main
+from lightning_fl.federation.checkpoint import Checkpoint
 from tests.reliability.helpers import FAST, QUICKSTART, Payload, one_error_line
 
 
@@ -56,19 +57,33 @@ def test_lpips_uses_plain_hub_weights_read_safely(hub_dir) -> None:
     assert same.shape == (2,) and same.abs().max() < 1e-6 and (different > 0).all()
 
 
-@pytest.mark.parametrize("where", ["checkpoints/server_r00001.pt", "clients/client_0_r00001.pt"])
-def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, where: str) -> None:
+@pytest.mark.parametrize("slot", ["server", "client"])
+def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, slot: str) -> None:
     run = tmp_path / "run"
-    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST]
+    key_lock = ["--defences", "[{class_path: lightning_fl.defences.KeyLocks, init_args: {key_length: 8}}]"]
+    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST, *key_lock]  # with client storage
     assert main(base) == 0
+    checkpoint = Checkpoint(run)
+    first = min(map(int, checkpoint.read_manifest()["clients"]))
+    path = checkpoint.server_path if slot == "server" else checkpoint.client_path(first)  # files the manifest commits
+    where = str(path.relative_to(run))
     marker = tmp_path / "payload_ran"
-    (run / where).parent.mkdir(exist_ok=True)  # quickstart has no private layers, so no client storage of its own
-    torch.save({"state": Payload(marker)}, run / where)
+    torch.save({"state": Payload(marker)}, path)
     capsys.readouterr()
     assert main([*base, "--resume", "true"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert where in line and "weights_only=True" in line and "was not run" in line
     assert not marker.exists()
+
+
+def test_resume_deletes_a_planted_uncommitted_checkpoint_unread(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST]
+    assert main(base) == 0
+    marker, planted = tmp_path / "payload_ran", run / "checkpoints" / "server_r00009.pt"
+    torch.save({"state": Payload(marker)}, planted)
+    assert main([*base, "--loop.num_rounds", "2", "--resume", "true"]) == 0
+    assert not marker.exists() and not planted.exists()
 
 
 def test_a_hub_file_without_alexnet_layers_gives_null_lpips(hub_dir) -> None:

@@ -21,6 +21,7 @@ from typing_extensions import override
 from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.transforms import ClientTransform
+from lightning_fl.validation import check_non_negative
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext
@@ -54,8 +55,9 @@ def add_gaussian_noise(
         >>> round(float(noisy["w"].std()), 2)
         0.1
     """
-    if noise_std < 0:
-        raise ValueError(f"noise_std={noise_std} must be >= 0; it is the absolute standard deviation sigma.")
+    check_non_negative(
+        noise_std, owner="add_gaussian_noise", name="noise_std", hint="; it is the absolute standard deviation sigma"
+    )
     return {
         key: value + noise_std * torch.randn(value.shape, generator=generator, dtype=value.dtype).to(value.device)
         for key, value in tensors.items()
@@ -118,8 +120,7 @@ class GaussianNoise(ClientTransform, Defence):
     """
 
     def __init__(self, noise_std: float, *, unit: NoiseUnit = "gradient") -> None:
-        if noise_std < 0:
-            raise ValueError(f"GaussianNoise(noise_std={noise_std}) must be >= 0.")
+        check_non_negative(noise_std, owner="GaussianNoise", name="noise_std")
         if unit not in ("gradient", "update"):
             raise ValueError(f"GaussianNoise(unit={unit!r}) is unknown; use 'gradient' or 'update'.")
         self.noise_std, self.unit = noise_std, unit

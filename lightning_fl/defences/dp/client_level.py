@@ -20,6 +20,7 @@ from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyA
 from lightning_fl.privacy.clipping import clip_per_tensor
 from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import ClientTransform, ServerTransform
+from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, FederationSpec, RoundContext
@@ -49,12 +50,9 @@ class _ClientLevelLedger(PrivacyLedger):
         conversion: Conversion = "improved",
         steps_offset: int = 0,
     ) -> None:
-        if max_grad_norm <= 0:
-            raise ValueError(
-                f"{type(self).__name__}(max_grad_norm={max_grad_norm}) must be > 0; it is the clip bound C."
-            )
-        if noise_multiplier < 0:
-            raise ValueError(f"{type(self).__name__}(noise_multiplier={noise_multiplier}) must be >= 0.")
+        owner = type(self).__name__
+        check_positive(max_grad_norm, owner=owner, name="max_grad_norm", hint="; it is the clip bound C")
+        check_non_negative(noise_multiplier, owner=owner, name="noise_multiplier")
         if not 0 < delta < 1:
             raise ValueError(f"{type(self).__name__}(delta={delta}) must be in (0, 1).")
         self.max_grad_norm, self.noise_multiplier, self.delta = max_grad_norm, noise_multiplier, delta

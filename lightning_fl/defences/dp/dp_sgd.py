@@ -35,6 +35,7 @@ from lightning_fl.defences.dp.opacus_hooks import (
 )
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant
 from lightning_fl.privacy.sampling import PoissonBatchSampler, poisson_loader
+from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.federation.leak_points import GradientRelease
@@ -126,10 +127,8 @@ class PerExampleDP(L.Callback):
         sampling: Sampling = "poisson",
         seed: int | None = None,
     ) -> None:
-        if noise_multiplier < 0:
-            raise ValueError(f"PerExampleDP(noise_multiplier={noise_multiplier}) must be >= 0.")
-        if max_grad_norm <= 0:
-            raise ValueError(f"PerExampleDP(max_grad_norm={max_grad_norm}) must be > 0; it is the clip bound C.")
+        check_non_negative(noise_multiplier, owner="PerExampleDP", name="noise_multiplier")
+        check_positive(max_grad_norm, owner="PerExampleDP", name="max_grad_norm", hint="; it is the clip bound C")
         if clipping not in ("per_layer", "flat"):
             raise ValueError(f"PerExampleDP(clipping={clipping!r}) is unknown; use 'flat' or 'per_layer'.")
         if noise_scaling not in ("per_batch", "per_example"):

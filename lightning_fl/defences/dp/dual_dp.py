@@ -20,6 +20,7 @@ from lightning_fl.defences.dp.per_example_dp import ClientDPSGD
 from lightning_fl.privacy.accounting import AccountantName, calibrate_noise_multiplier
 from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import BroadcastTransform
+from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import FederationSpec, RoundContext, SetupContext
@@ -67,6 +68,8 @@ class DualDP(ClientDPSGD):
                 f"DualDP(target_epsilon={target_epsilon}, noise_multiplier={noise_multiplier}): give exactly one; "
                 "the other follows from the accountant."
             )
+        if target_epsilon is not None:
+            check_positive(target_epsilon, owner="DualDP", name="target_epsilon", hint="; it is the privacy budget")
         super().__init__(
             noise_multiplier=noise_multiplier or 1.0,
             max_grad_norm=max_grad_norm,
@@ -136,8 +139,7 @@ class DownlinkNoise(BroadcastTransform):
         mode: ServerNoiseMode = "per_client",
         accumulate: bool = True,
     ) -> None:
-        if sensitivity < 0:
-            raise ValueError(f"DownlinkNoise(sensitivity={sensitivity}) must be >= 0.")
+        check_non_negative(sensitivity, owner="DownlinkNoise", name="sensitivity")
         if mode not in ("per_client", "shared", "none"):
             raise ValueError(f"DownlinkNoise(mode={mode!r}) is unknown; use 'per_client', 'shared' or 'none'.")
         self.sensitivity, self.noise_multiplier, self.mode = sensitivity, noise_multiplier, mode
@@ -199,6 +201,8 @@ class DualDPFL(Defence):
         mode: ServerNoiseMode = "per_client",
         accumulate: bool = True,
     ) -> None:
+        if target_epsilon is not None:  # named here, as the user wrote it, before DualDP checks it again
+            check_positive(target_epsilon, owner="DualDPFL", name="target_epsilon", hint="; it is the privacy budget")
         self.client = DualDP(
             target_epsilon=target_epsilon,
             noise_multiplier=noise_multiplier,

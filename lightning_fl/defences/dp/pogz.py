@@ -31,6 +31,7 @@ from lightning_fl.privacy.accounting import PrivacyLedger
 from lightning_fl.privacy.clipping import clip_state
 from lightning_fl.privacy.mechanisms import laplace_noise
 from lightning_fl.transforms import ClientTransform
+from lightning_fl.validation import check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, ClientSetupContext, FederationSpec
@@ -293,10 +294,8 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
         lr: float | None = None,
         clipping: Clipping = "whole_update",
     ) -> None:
-        if epsilon <= 0:
-            raise ValueError(f"PoGZNoise(epsilon={epsilon}) must be > 0.")
-        if clip_bound <= 0:
-            raise ValueError(f"PoGZNoise(clip_bound={clip_bound}) must be > 0; it is the L1 bound alpha of Eq. 2.")
+        check_positive(epsilon, owner="PoGZNoise", name="epsilon")
+        check_positive(clip_bound, owner="PoGZNoise", name="clip_bound", hint="; it is the L1 bound alpha of Eq. 2")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"PoGZNoise(allocation={allocation!r}) is unknown; use one of {sorted(ALLOCATIONS)}.")
         if sensitivity not in ("two_eta_alpha", "two_alpha"):

@@ -266,6 +266,8 @@ class Passports(Defence):
         reduction: per-channel reduction of :math:`W_p * P`, ``normalized_mean`` or the literal ``mean``.
     """
 
+    model_stage = 1  # replaces a convolution: after key-lock, which locks the normalisation that follows it
+
     def __init__(
         self,
         num_convs: int = 1,

@@ -80,6 +80,8 @@ class PrivateSplit(Defence):
         cut: number of leading convolutions kept private, or the name of the last private module.
     """
 
+    model_stage = 2  # marks the final leading layers private, after the other model defences
+
     def __init__(self, cut: int | str = 1) -> None:
         self.cut = cut
 
