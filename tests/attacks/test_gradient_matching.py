@@ -14,6 +14,7 @@ from lightning_fl.attacks import (
 )
 from lightning_fl.attacks.gradient_matching import matching_target
 from lightning_fl.attacks.metrics import score_reconstruction
+from lightning_fl.attacks.restart_recovery import RestartRecovery
 from lightning_fl.messages import ServerView
 from tests.attacks.views import digits_view
 
@@ -108,10 +109,8 @@ def test_recovery_sends_a_diverged_restart_back_and_redraws_a_saturated_one() ->
     """The rule of ``recover_stalled``: row 0 diverged after progress (back to its best iterate), row 1 has a
     zero gradient far from any solution (re-drawn), row 2 is fine (untouched); both lost rows' L-BFGS history is
     cleared."""
-    from lightning_fl.attacks.gradient_matching import _Recovery
-
     images = torch.zeros(3, 2)
-    recovery = _Recovery([images], vanished=1e-7)
+    recovery = RestartRecovery([images], vanished=1e-7)
     recovery.record(torch.tensor([1e-4, 0.9, 0.5]), [images])
     images += torch.tensor([[5.0], [7.0], [9.0]])
     cleared = []
