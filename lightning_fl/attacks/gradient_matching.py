@@ -42,7 +42,15 @@ from lightning_fl.attacks.batch_settings import (
 )
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
-from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, infer_labels, last_layer_weight_name
+from lightning_fl.attacks.label_counts import dummy_statistics
+from lightning_fl.attacks.labels import (
+    COUNT_STRATEGIES,
+    LABEL_STRATEGIES,
+    LabelStrategy,
+    infer_labels,
+    last_layer_bias_name,
+    last_layer_weight_name,
+)
 from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.priors import TotalVariation, total_variation
@@ -62,6 +70,7 @@ __all__ = [
     "DistanceName",
     "GradientMatchingAttack",
     "InitName",
+    "LabelMode",
     "MatchingProblem",
     "MatchingState",
     "MatchingTarget",
@@ -75,7 +84,7 @@ __all__ = [
     "total_variation",
 ]
 
-LabelMode = Literal["optimise", "infer"]
+LabelMode = Literal["optimise", "infer", "auto"]
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -93,7 +102,8 @@ class GradientMatchingAttack(GradientAttack):
             :data:`BATCH_MAX_ITERATIONS` for a batch (B > 1), see :meth:`batch_settings`.
         restarts: independent random starts, run as one batched computation; the one with the smallest final
             gradient distance wins.
-        labels: ``"optimise"`` soft labels jointly (DLG) or ``"infer"`` them analytically first (iDLG).
+        labels: ``"optimise"`` soft labels jointly (DLG) or ``"infer"`` them analytically first (iDLG); ``"auto"``:
+            optimise them for one image per gradient, infer them for a batch (see :meth:`label_mode`).
         label_strategy: the rule of :func:`~lightning_fl.attacks.labels.infer_labels` when ``labels="infer"``.
         init: starting images, see :func:`initial_images`.
         tv_weight: weight of the total-variation prior (0 disables); ``"auto"``: 0 for one image and
@@ -130,7 +140,7 @@ class GradientMatchingAttack(GradientAttack):
         max_iterations: int = 300,
         restarts: int = 1,
         labels: LabelMode = "optimise",
-        label_strategy: LabelStrategy = "idlg",
+        label_strategy: LabelStrategy = "bias_count",
         init: InitName = "randn",
         tv_weight: float | Auto = 0.0,
         signed: bool = False,
@@ -144,7 +154,7 @@ class GradientMatchingAttack(GradientAttack):
         seed: int = 0,
     ) -> None:
         choices = {"distance": (distance, DISTANCES), "optimizer": (optimizer, OPTIMIZERS)}
-        choices |= {"labels": (labels, ("optimise", "infer")), "init": (init, INITS)}
+        choices |= {"labels": (labels, ("optimise", "infer", "auto")), "init": (init, INITS)}
         choices |= {"label_strategy": (label_strategy, LABEL_STRATEGIES)}
         for field, (value, allowed) in choices.items():
             if value not in allowed:
@@ -191,12 +201,35 @@ class GradientMatchingAttack(GradientAttack):
             images=images,
         )
 
-    def _known_labels(self, view: ServerView, target: MatchingTarget, num_classes: int) -> Tensor:
+    def label_mode(self, batch_size: int) -> Literal["optimise", "infer"]:
+        """How labels are handled when each (simulated) gradient is of ``batch_size`` inputs: ``labels`` as given, or
+        for ``"auto"`` DLG's joint soft labels for one input and the analytic ``label_strategy`` for a batch.
+
+        Example:
+            >>> attack = GradientMatchingAttack(labels="auto")
+            >>> attack.label_mode(1), attack.label_mode(8)
+            ('optimise', 'infer')
+        """
+        if self.labels == "auto":
+            return "infer" if batch_size > 1 else "optimise"
+        return self.labels
+
+    def _known_labels(self, view: ServerView, target: MatchingTarget, num_classes: int, input_shape: tuple) -> Tensor:
         weight = last_layer_weight_name(view.model, num_classes=num_classes)
-        if weight not in target.names:
-            raise ValueError(f"labels='infer' needs the classifier weight {weight!r} among the matched layers.")
-        gradient = target.tensors[target.names.index(weight)]
-        return infer_labels(gradient, num_images=target.num_images, strategy=self.label_strategy)
+        gradients = dict(zip(target.names, target.tensors, strict=True))
+        if weight not in gradients:
+            raise ValueError(f"inferred labels need the classifier weight {weight!r} among the matched layers.")
+        bias = last_layer_bias_name(view.model, weight_name=weight)
+        dummy = None
+        if self.label_strategy in COUNT_STRATEGIES:
+            dummy = dummy_statistics(view.model, classifier_weight=weight, input_shape=input_shape, seed=self.seed)
+        return infer_labels(
+            gradients[weight] / target.local_steps,
+            num_images=target.num_images,
+            strategy=self.label_strategy,
+            bias_gradient=gradients[bias] / target.local_steps if bias in gradients else None,
+            dummy=dummy,
+        )
 
     def problem(self, view: ServerView) -> MatchingProblem:
         """Set up the optimisation for ``view``: starting variables on the attacked model's device, and the
@@ -218,15 +251,17 @@ class GradientMatchingAttack(GradientAttack):
         shape = (self.restarts, target.num_images, *input_shape)
         images = initial_images(shape, init=self.init, generator=generator).to(device, dtype).requires_grad_()
         label_shape = (target.num_images, num_classes)
+        label_mode = self.label_mode(target.data_per_step)
 
         def redraw(count: int) -> list[Tensor]:
             fresh = [initial_images((count, *shape[1:]), init=self.init, generator=generator)]
-            if self.labels == "optimise":
+            if label_mode == "optimise":
                 fresh.append(torch.randn(count, *label_shape, generator=generator))
             return [f.to(device, dtype) for f in fresh]
 
-        if self.labels == "infer":
-            labels = self._label_orders(self._known_labels(view, target, num_classes).cpu(), target, generator)
+        if label_mode == "infer":
+            known = self._known_labels(view, target, num_classes, input_shape).cpu()
+            labels = self._label_orders(known, target, generator)
             label_input, to_probabilities = F.one_hot(labels, num_classes).to(device, dtype), _identity
             variables = [images]
         else:

@@ -38,6 +38,7 @@ __all__ = [
     "fdlpp_privacy_score",
     "image_mse",
     "label_recovery_accuracy",
+    "label_set_accuracy",
     "lpips",
     "match_reconstructions",
     "psnr",
@@ -233,6 +234,18 @@ def label_recovery_accuracy(preds: Tensor, target: Tensor, num_classes: int) -> 
         tensor(0.6667)
     """
     return _label_recovery_compute(*_label_recovery_update(preds, target, num_classes))
+
+
+def label_set_accuracy(preds: Tensor, target: Tensor) -> float:
+    """Jaccard index of the recovered and the true class sets: which classes a batch holds, whatever their counts
+    (the class-level accuracy of label-recovery papers, next to the count-level :func:`label_recovery_accuracy`).
+
+    Example:
+        >>> label_set_accuracy(torch.tensor([1, 1, 3]), torch.tensor([3, 1, 2]))
+        0.6666666666666666
+    """
+    found, true = set(preds.tolist()), set(target.tolist())
+    return len(found & true) / len(found | true)
 
 
 class LabelRecoveryAccuracy(Metric):
