@@ -2,7 +2,8 @@
 
 Victim: the sigmoid DLG LeNet (U(-0.5, 0.5) weights, [0, 1] pixels in), untrained and after ``train_epochs``
 epochs of Adam on the training split; one gradient of B images drawn at random without replacement (digits: the
-test split; photos: all 81 crops, 9 classes). For each strategy of
+test split; photos: all 81 crops, 9 classes), or with ``--local-steps T`` the update of T SGD steps (lr 0.1) of B
+images each, attacked as its pseudo-gradient averaged over the steps. For each strategy of
 :func:`~lightning_fl.attacks.labels.infer_labels`, the count accuracy (label multisets,
 :func:`~lightning_fl.attacks.metrics.label_recovery_accuracy`) and the set accuracy (Jaccard index of the class
 sets, :func:`~lightning_fl.attacks.metrics.label_set_accuracy`), averaged over ``seeds`` victims; the rules that
@@ -26,6 +27,7 @@ from lightning_fl.attacks.label_counts import dummy_statistics
 from lightning_fl.attacks.labels import infer_labels, last_layer_bias_name, last_layer_weight_name
 from lightning_fl.attacks.metrics import label_recovery_accuracy, label_set_accuracy
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.attacks.targets import matching_target
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.models import ImageClassifier
 
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+")
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--train-epochs", type=int)
+    parser.add_argument("--local-steps", type=int, help="T > 1: attack the update of T SGD steps of B images each.")
     parser.add_argument("--config", type=Path, default=Path("configs/label_recovery.yaml"))
     args = parse_args(parser)
     torch.set_num_threads(1)
@@ -72,17 +75,30 @@ def main() -> None:
                 weight = last_layer_weight_name(model, num_classes=num_classes)
                 bias = last_layer_bias_name(model, weight_name=weight)
                 dummy = dummy_statistics(model, classifier_weight=weight, input_shape=images.shape[1:], seed=seed)
+                with torch.no_grad():
+                    accuracy = (model(images).argmax(1) == labels).double().mean().item()
+                scores.setdefault((0, "victim accuracy"), []).append((accuracy, accuracy))
                 for size in args.batch_sizes:
-                    index = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size]
-                    view = client_view(model, images[index], labels[index], num_classes=num_classes)
+                    count = size * args.local_steps
+                    index = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
+                    view = client_view(
+                        model,
+                        images[index],
+                        labels[index],
+                        num_classes=num_classes,
+                        local_steps=args.local_steps,
+                        lr=0.1,
+                    )
+                    target = matching_target(view)
+                    gradients = {n: t / args.local_steps for n, t in zip(target.names, target.tensors, strict=True)}
                     for strategy in args.strategies:
-                        if strategy in ("idlg", "yin") and size > num_classes:
+                        if strategy in ("idlg", "yin") and count > num_classes:
                             continue
                         found = infer_labels(
-                            view.tensors[weight],
-                            num_images=size,
+                            gradients[weight],
+                            num_images=count,
                             strategy=strategy,
-                            bias_gradient=view.tensors[bias],
+                            bias_gradient=gradients[bias],
                             dummy=dummy,
                         )
                         truth = labels[index]
@@ -90,7 +106,8 @@ def main() -> None:
                         scores.setdefault((size, strategy), []).append((count, label_set_accuracy(found, truth)))
             for (size, strategy), values in scores.items():
                 count, sets = (sum(v) / len(v) for v in zip(*values, strict=True))
-                row = {"data": data, "trained": trained, "batch_size": size, "strategy": strategy}
+                row = {"data": data, "trained": trained, "batch_size": size, "local_steps": args.local_steps}
+                row |= {"strategy": strategy}
                 print(json.dumps(row | {"count_accuracy": round(count, 3), "set_accuracy": round(sets, 3)}), flush=True)
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from lightning_fl import FederatedLoop
 from lightning_fl.attacks import AnalyticLinearAttack
 from lightning_fl.attacks.metrics import match_reconstructions, psnr
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.callbacks import GradientLeakage
+from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.models import ImageClassifier
+from tests.conftest import make_classifier
 
 
 def _attack(data: str, batch_size: int, backbone: str = "mlp") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -43,3 +49,20 @@ def test_analytic_attack_copies_most_of_a_small_batch_and_mixes_a_large_one() ->
 def test_analytic_attack_explains_a_model_without_a_fully_connected_first_layer() -> None:
     with pytest.raises(ValueError, match=r"fully connected first layer on the flattened image"):
         _attack("digits", batch_size=1, backbone="lenet_dlg")
+
+
+def test_analytic_attack_in_the_gradient_leakage_callback_copies_a_shared_update(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", batch_size=1, image_size=16)
+    torch.manual_seed(0)
+    options = {"num_rounds": 1, "clients_per_round": 1, "local_steps": 1, "eval_every": 0, "checkpoint": False}
+    attack = GradientLeakage(AnalyticLinearAttack(), leak_point="client_update")
+    loop = FederatedLoop(
+        make_classifier(dm, backbone="mlp", optimizer="sgd", lr=0.1),
+        dm,
+        callbacks=[attack],
+        output_dir=tmp_path,
+        progress_bar=False,
+        **options,
+    )
+    entry = loop.fit()["attacks"][0]
+    assert entry["psnr"] >= 60.0 and entry["label_accuracy"] == 1.0
