@@ -30,7 +30,7 @@ class InvertingGradientsAttack(GradientMatchingAttack):
     labels). Inferred: ``tv_weight=1e-4`` (the paper tunes it per setting; ``inversefed``'s
     default config has 1e-1, the thesis' FedKL runs 1e-6); ``max_iterations=4800`` (the code's default; the
     paper's ImageNet runs use 24 000). Deviation: 4 restarts by default where the code's default is 1, since
-    4 batched restarts cost about 1.5x one restart (docs/performance.md).
+    batched restarts cost little more than one (docs/performance.md).
 
     Args:
         max_iterations: Adam steps per restart.
