@@ -102,8 +102,8 @@ def main() -> None:
                             dummy=dummy,
                         )
                         truth = labels[index]
-                        count = float(label_recovery_accuracy(found, truth, num_classes=num_classes))
-                        scores.setdefault((size, strategy), []).append((count, label_set_accuracy(found, truth)))
+                        multiset = float(label_recovery_accuracy(found, truth, num_classes=num_classes))
+                        scores.setdefault((size, strategy), []).append((multiset, label_set_accuracy(found, truth)))
             for (size, strategy), values in scores.items():
                 count, sets = (sum(v) / len(v) for v in zip(*values, strict=True))
                 row = {"data": data, "trained": trained, "batch_size": size, "local_steps": args.local_steps}

@@ -23,7 +23,7 @@ def test_attack_on_a_two_step_update_simulates_the_local_steps() -> None:
     view, truth = digits_view(batch_size=1, local_steps=2, image_size=16)
     assert view.kind == "update" and leaked_batch_size(view) == 2
     # iDLG's row-sum rule: on this victim the counts of the bias gradient miss a label of the 2-step update (the model
-    # moves between steps; docs/attacks.md "Label recovery for batches"), and this test is about the simulated steps
+    # moves between steps; docs/attacks.md "Label inference"), and this test is about the simulated steps
     attack = InvertingGradientsAttack(max_iterations=300, restarts=2, label_strategy="idlg", progress_bar=False)
     reconstruction = attack.reconstruct(view)
     assert reconstruction.images.shape == truth.inputs.shape
