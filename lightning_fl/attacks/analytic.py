@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
-from lightning_fl.attacks.label_counts import dummy_statistics
-from lightning_fl.attacks.labels import infer_labels, last_layer_bias_name, last_layer_weight_name
+from lightning_fl.attacks.labels import last_layer_bias_name, last_layer_weight_name
+from lightning_fl.attacks.matching_labels import target_labels
 from lightning_fl.attacks.targets import matching_target
 from lightning_fl.messages import ServerView
 
@@ -123,7 +123,16 @@ class AnalyticLinearAttack(GradientAttack):
         mean, std = getattr(view.model, "input_mean", None), getattr(view.model, "input_std", None)
         if isinstance(mean, Tensor) and isinstance(std, Tensor):
             images = images * std.cpu() + mean.cpu()
-        labels = self._labels(view, gradients, input_shape, target.num_images)
+        num_classes = int(view.metadata.get("num_classes") or 0)
+        classifier = last_layer_weight_name(view.model, num_classes=num_classes)
+        has_bias = last_layer_bias_name(view.model, weight_name=classifier) in target.names
+        labels = target_labels(
+            view.model,
+            target,
+            num_classes=num_classes,
+            input_shape=input_shape,
+            strategy="bias_count" if has_bias else "weight_count",
+        )
         if callback is not None:
             callback(0, 0.0)
         return Reconstruction(
@@ -131,17 +140,4 @@ class AnalyticLinearAttack(GradientAttack):
             labels=labels,
             loss_history=[0.0],
             info={"layer": layer, "seconds": time.perf_counter() - start},
-        )
-
-    @staticmethod
-    def _labels(view: ServerView, gradients: dict[str, Tensor], input_shape: tuple[int, ...], count: int) -> Tensor:
-        num_classes = int(view.metadata.get("num_classes") or 0)
-        weight = last_layer_weight_name(view.model, num_classes=num_classes)
-        bias = last_layer_bias_name(view.model, weight_name=weight)
-        return infer_labels(
-            gradients[weight],
-            num_images=count,
-            strategy="bias_count" if bias in gradients else "weight_count",
-            bias_gradient=gradients.get(bias),
-            dummy=dummy_statistics(view.model, classifier_weight=weight, input_shape=input_shape),
         )

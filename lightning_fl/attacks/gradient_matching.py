@@ -42,16 +42,9 @@ from lightning_fl.attacks.batch_settings import (
 )
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
-from lightning_fl.attacks.label_counts import dummy_statistics
-from lightning_fl.attacks.labels import (
-    COUNT_STRATEGIES,
-    LABEL_STRATEGIES,
-    LabelStrategy,
-    infer_labels,
-    last_layer_bias_name,
-    last_layer_weight_name,
-)
+from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy
 from lightning_fl.attacks.local_update import simulated_pseudo_gradient
+from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.priors import TotalVariation, total_variation
 from lightning_fl.attacks.restart_recovery import RestartRecovery
@@ -214,23 +207,6 @@ class GradientMatchingAttack(GradientAttack):
             return "infer" if batch_size > 1 else "optimise"
         return self.labels
 
-    def _known_labels(self, view: ServerView, target: MatchingTarget, num_classes: int, input_shape: tuple) -> Tensor:
-        weight = last_layer_weight_name(view.model, num_classes=num_classes)
-        gradients = dict(zip(target.names, target.tensors, strict=True))
-        if weight not in gradients:
-            raise ValueError(f"inferred labels need the classifier weight {weight!r} among the matched layers.")
-        bias = last_layer_bias_name(view.model, weight_name=weight)
-        dummy = None
-        if self.label_strategy in COUNT_STRATEGIES:
-            dummy = dummy_statistics(view.model, classifier_weight=weight, input_shape=input_shape, seed=self.seed)
-        return infer_labels(
-            gradients[weight] / target.local_steps,
-            num_images=target.num_images,
-            strategy=self.label_strategy,
-            bias_gradient=gradients[bias] / target.local_steps if bias in gradients else None,
-            dummy=dummy,
-        )
-
     def problem(self, view: ServerView) -> MatchingProblem:
         """Set up the optimisation for ``view``: starting variables on the attacked model's device, and the
         objective of all restarts (what :meth:`iterate` evaluates and differentiates once per iteration)."""
@@ -260,8 +236,17 @@ class GradientMatchingAttack(GradientAttack):
             return [f.to(device, dtype) for f in fresh]
 
         if label_mode == "infer":
-            known = self._known_labels(view, target, num_classes, input_shape).cpu()
-            labels = self._label_orders(known, target, generator)
+            known = target_labels(
+                view.model,
+                target,
+                num_classes=num_classes,
+                input_shape=input_shape,
+                strategy=self.label_strategy,
+                seed=self.seed,
+            )
+            labels = restart_label_orders(
+                known.cpu(), local_steps=target.local_steps, restarts=self.restarts, generator=generator
+            )
             label_input, to_probabilities = F.one_hot(labels, num_classes).to(device, dtype), _identity
             variables = [images]
         else:
@@ -351,24 +336,6 @@ class GradientMatchingAttack(GradientAttack):
                 recovery.recover(relative, grads, variables, problem.redraw, reset)
             labels = label_input.detach().argmax(-1)
             yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
-
-    def _label_orders(self, labels: Tensor, target: MatchingTarget, generator: torch.Generator) -> Tensor:
-        """Inferred labels per restart ``(R, B)``.
-
-        Inferred: in a multi-step update the assignment of the inferred label multiset to local steps is unknown
-        (the gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred
-        order, restart 1 reverses it and later restarts draw random permutations; the best restart picks the
-        assignment.
-        """
-        count = len(labels)
-        orders = [torch.arange(count)]
-        if target.local_steps > 1:
-            orders.append(torch.arange(count).flip(0))
-            orders += [torch.randperm(count, generator=generator) for _ in range(self.restarts - 2)]
-        else:
-            orders *= self.restarts
-        orders = orders[: self.restarts]
-        return labels[torch.stack(orders)]
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
         """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins (on an
