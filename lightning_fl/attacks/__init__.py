@@ -1,5 +1,6 @@
 """Gradient-leakage and model-inversion attacks; each runs standalone: ``attack.reconstruct(view)``."""
 
+from lightning_fl.attacks.analytic import AnalyticLinearAttack
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.dlg import DLGAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, leaked_batch_size
@@ -13,6 +14,7 @@ from lightning_fl.attacks.report import attack_report
 
 __all__ = [
     "GRNN",
+    "AnalyticLinearAttack",
     "ColludingClientInversion",
     "DLGAttack",
     "GRNNGenerator",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_fl.attacks.gradient_matching import Auto, GradientMatchingAttack, InitName
+from lightning_fl.attacks.gradient_matching import Auto, GradientMatchingAttack, InitName, LabelMode
+from lightning_fl.attacks.labels import LabelStrategy
 
 __all__ = ["DLGAttack"]
 
@@ -24,47 +25,45 @@ class DLGAttack(GradientMatchingAttack):
     cross-entropy, ``torch.optim.LBFGS(lr=1)`` for 300 ``step()`` calls of up to 20 iterations each.
     ``max_iterations`` counts objective evaluations (one L-BFGS iteration each, see
     :class:`~lightning_fl.attacks.batched_lbfgs.BatchedLBFGS`), so the paper's budget is about 6000.
-    Deviations, each measured on natural photos held out of tuning (docs/attacks.md, "Parity"): the dummy image
-    starts from U(0, 1), the range of the images it must become (N(0, 1) reaches 30 dB about twice as slowly);
-    4 random starts run batched for ``keep_best_after=100`` iterations, then only the one with the smallest
-    gradient distance goes on (the paper's loop stalls at once on about a third of its seeds); the attack stops
-    once the gradient distance is below ``stop_below`` times ``sum ||g||^2`` (about 32-42 dB on the LeNet)
-    instead of running its whole budget; a restart that L-BFGS threw into the sigmoids' saturation (or that
-    diverged) is re-drawn or sent back to its best iterate (``recover_stalled``). For a batch (B > 1 images per
-    gradient) the ``"auto"`` defaults add a total-variation prior, drop the early stop and run the paper's budget
-    (:meth:`~lightning_fl.attacks.gradient_matching.GradientMatchingAttack.batch_settings`); one image keeps the
-    paper's objective, the stop and 3000 evaluations, bit for bit.
+    Deviations (measured in docs/attacks.md, "Parity" and "Batch recovery"): the dummy image starts from U(0, 1),
+    the range of the images it must become; 4 random starts run batched for ``keep_best_after=100`` iterations,
+    then only the one with the smallest gradient distance goes on; the attack stops once the gradient distance is
+    below ``stop_below`` times ``sum ||g||^2`` instead of running its whole budget; a restart that L-BFGS threw
+    into the sigmoids' saturation (or that diverged) is re-drawn or sent back to its best iterate
+    (``recover_stalled``). For a batch (B > 1 images per gradient) the ``"auto"`` defaults add a total-variation
+    prior, drop the early stop, run the paper's budget
+    (:meth:`~lightning_fl.attacks.gradient_matching.GradientMatchingAttack.batch_settings`) and take the labels
+    from ``label_strategy`` instead of optimising them; one image keeps the paper's objective and joint soft
+    labels, with the stop and 3000 evaluations.
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart; ``"auto"``: 3000 for one image
-            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop
-            (a client's first 8 digits: 6 of 8 images at 3000, 8 of 8 at 6000).
+            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop.
         lr: L-BFGS step size (1 in the paper).
         restarts: random starts run together.
         init: starting images (``randn`` in the paper, ``rand`` here).
-        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
-            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``; ``"auto"``: 3e-8
-            for one image, ``None`` for a batch, where the distance reaches 3e-8 on half-recovered images (B = 8
-            digits: stopped at 7 of 8 images, 31.4 dB; run on, 8 of 8, 41.6 dB), so a batch runs all
-            ``max_iterations``.
+        labels: ``"optimise"`` joint soft labels (the paper), ``"infer"`` them with ``label_strategy`` first;
+            ``"auto"``: optimise for one image, infer for a batch.
+        label_strategy: the rule of :func:`~lightning_fl.attacks.labels.infer_labels` for inferred labels
+            (default: the bias-gradient counts of Geng et al., 2021).
+        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2``; ``None``
+            runs all ``max_iterations``; ``"auto"``: 3e-8 for one image, ``None`` for a batch, where half-recovered
+            batches already reach that distance.
         keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
             ``None`` runs every restart to the end.
         recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (the paper's loop has
-            neither; docs/attacks.md "Natural photos").
+            neither).
         tv_weight: weight of a total-variation prior on the images (not in the paper; 0 is the paper's objective);
-            ``"auto"``: 0 for one image, 1e-3 for a batch. Batches need it (docs/attacks.md, "Batch recovery",
-            early stop off): B = 8 digits 8 of 8 images on 4 of 4 seeds with 1e-3, 7, 6, 2, 7 of 8 without;
-            B = 2 photos (6000 evaluations) recovered on 2 of 4 seeds with it, seed 0 39.3 dB against 17.5 dB
-            without; B = 2 and 4 digits 51-61 dB against 33-51 dB; B = 16 digits stays at 15 of 16 images.
+            ``"auto"``: 0 for one image, 1e-3 for a batch.
         layers: ``fnmatch`` patterns of matched parameters (DPFL's partial-layer attack); ``None``: all.
         progress_bar: show a rich progress bar.
         seed: seed of the dummy data and labels.
 
     Example:
         >>> attack = DLGAttack(max_iterations=10, progress_bar=False)
-        >>> attack.distance, attack.optimizer, attack.labels
-        ('euclidean', 'lbfgs', 'optimise')
+        >>> attack.distance, attack.optimizer, attack.label_mode(1), attack.label_mode(8)
+        ('euclidean', 'lbfgs', 'optimise', 'infer')
     """
 
     name = "dlg"
@@ -76,6 +75,8 @@ class DLGAttack(GradientMatchingAttack):
         lr: float = 1.0,
         restarts: int = 4,
         init: InitName = "rand",
+        labels: LabelMode = "auto",
+        label_strategy: LabelStrategy = "bias_count",
         layers: Sequence[str] | None = None,
         stop_below: float | Auto | None = "auto",
         keep_best_after: int | None = 100,
@@ -90,7 +91,8 @@ class DLGAttack(GradientMatchingAttack):
             lr=lr,
             max_iterations=max_iterations,
             restarts=restarts,
-            labels="optimise",
+            labels=labels,
+            label_strategy=label_strategy,
             init=init,
             layers=layers,
             stop_below=stop_below,

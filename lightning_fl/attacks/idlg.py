@@ -25,20 +25,21 @@ class IDLGAttack(GradientMatchingAttack):
     one image with non-negative penultimate features. Deviations as :class:`~lightning_fl.attacks.DLGAttack`'s:
     U(0, 1) start, 4 restarts of which the best goes on after 100 iterations, early stop at ``stop_below``, and
     for a batch (B > 1) DLG's ``"auto"`` batch settings (a total-variation prior, no early stop, 6000 evaluations).
-    Inferred, for B > 1: ``label_strategy`` picks one of the batch rules of
-    :func:`~lightning_fl.attacks.labels.infer_labels` (the paper has none).
+    For B > 1 (the paper has one image only) the labels come from ``label_strategy``, by default the label counts of
+    Geng et al. (2021) from the classifier's bias gradient, which is exact for one image, as the paper's rule is.
 
     Args:
         max_iterations: L-BFGS iterations (objective evaluations) per restart; ``"auto"``: 3000 for one image
-            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop
-            (a client's first 8 digits: 6 of 8 images at 3000, 8 of 8 at 6000).
+            (the early stop ends most runs first) and the paper's 6000 for a batch, which runs without the stop.
         lr: L-BFGS step size.
         restarts: random starts run together; the best final gradient distance wins.
-        label_strategy: ``"idlg"`` (the paper, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
+        label_strategy: a rule of :func:`~lightning_fl.attacks.labels.infer_labels`: ``"bias_count"`` (counts from
+            the bias gradient), ``"weight_count"`` (for a classifier without a bias), ``"idlg"`` (the paper's sign
+            rule, generalised to the B most negative row sums), ``"yin"`` or ``"llg"``.
         init: starting images.
-        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2`` (about
-            30-40 dB PSNR on the LeNet; docs/attacks.md); ``None`` runs all ``max_iterations``; ``"auto"``: 3e-8
-            for one image, ``None`` for a batch (as :class:`~lightning_fl.attacks.dlg.DLGAttack`'s).
+        stop_below: stop once a restart's gradient distance is at most this fraction of ``sum ||g||^2``; ``None``
+            runs all ``max_iterations``; ``"auto"``: 3e-8 for one image, ``None`` for a batch (as
+            :class:`~lightning_fl.attacks.dlg.DLGAttack`'s).
         keep_best_after: after this many iterations only the restart with the smallest gradient distance goes on;
             ``None`` runs every restart to the end.
         recover_stalled: re-draw a restart whose sigmoids saturated (its gradient is exactly zero far from a
@@ -63,7 +64,7 @@ class IDLGAttack(GradientMatchingAttack):
         max_iterations: int | Auto = "auto",
         lr: float = 1.0,
         restarts: int = 4,
-        label_strategy: LabelStrategy = "idlg",
+        label_strategy: LabelStrategy = "bias_count",
         init: InitName = "rand",
         layers: Sequence[str] | None = None,
         stop_below: float | Auto | None = "auto",

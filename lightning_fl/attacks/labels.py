@@ -3,7 +3,8 @@
 For cross-entropy on softmax outputs, the gradient of the last linear layer's weight row c is
 :math:`\\sum_b (p_{b,c} - y_{b,c})\\, h_b`. With non-negative penultimate features :math:`h_b` (sigmoid or ReLU
 networks), rows of true labels tend to be negative and the others positive: iDLG (Zhao et al., 2020, Sec. 3)
-reads the label of a single image off the sign; the batch variants below rank the rows.
+reads the label of a single image off the sign; the ranking rules below extend it to batches, and the count rules
+(:mod:`~lightning_fl.attacks.label_counts`) estimate how often each class occurs.
 """
 
 from __future__ import annotations
@@ -13,10 +14,21 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LABEL_STRATEGIES", "LabelStrategy", "infer_labels", "last_layer_weight_name"]
+from lightning_fl.attacks.label_counts import DummyStatistics, counts_to_labels, label_counts
 
-LabelStrategy = Literal["idlg", "yin", "llg"]
-LABEL_STRATEGIES: frozenset[str] = frozenset({"idlg", "yin", "llg"})
+__all__ = [
+    "COUNT_STRATEGIES",
+    "LABEL_STRATEGIES",
+    "LabelStrategy",
+    "infer_labels",
+    "last_layer_bias_name",
+    "last_layer_weight_name",
+]
+
+LabelStrategy = Literal["idlg", "yin", "llg", "bias_count", "weight_count"]
+LABEL_STRATEGIES: frozenset[str] = frozenset({"idlg", "yin", "llg", "bias_count", "weight_count"})
+COUNT_STRATEGIES: frozenset[str] = frozenset({"bias_count", "weight_count"})
+"""The strategies that need :class:`~lightning_fl.attacks.label_counts.DummyStatistics` of the model."""
 
 
 def last_layer_weight_name(model: nn.Module, *, num_classes: int) -> str:
@@ -38,10 +50,28 @@ def last_layer_weight_name(model: nn.Module, *, num_classes: int) -> str:
     return names[-1]
 
 
-def infer_labels(last_layer_gradient: Tensor, *, num_images: int, strategy: LabelStrategy = "idlg") -> Tensor:
+def last_layer_bias_name(model: nn.Module, *, weight_name: str) -> str | None:
+    """Name of the bias beside the classifier weight ``weight_name``, or ``None`` when it has none.
+
+    Example:
+        >>> last_layer_bias_name(nn.Linear(4, 3), weight_name="weight")
+        'bias'
+    """
+    prefix = weight_name.removesuffix("weight")
+    return f"{prefix}bias" if f"{prefix}bias" in dict(model.named_parameters()) else None
+
+
+def infer_labels(
+    last_layer_gradient: Tensor,
+    *,
+    num_images: int,
+    strategy: LabelStrategy = "idlg",
+    bias_gradient: Tensor | None = None,
+    dummy: DummyStatistics | None = None,
+) -> Tensor:
     r"""Infer the labels of a batch from the gradient :math:`\nabla W` of the last linear layer, shape ``(K, D)``.
 
-    Strategies (each assumes non-negative penultimate features, e.g. the sigmoid LeNet):
+    Strategies (the ranking rules assume non-negative penultimate features, e.g. the sigmoid LeNet):
 
     - ``"idlg"``: iDLG (Zhao et al., arXiv:2001.02610, Sec. 3.1): the label of one image is the row with a
       negative sum, :math:`\arg\min_c \sum_j \nabla W_{c,j}`. Inferred, for B > 1: the B rows with the most
@@ -52,19 +82,29 @@ def infer_labels(last_layer_gradient: Tensor, *, num_images: int, strategy: Labe
       the impact :math:`m = \frac{1}{B}(1 + \frac{1}{K}) \sum_{c: s_c < 0} s_c` is subtracted from a class's sum
       each time it is chosen, and the remaining labels are the repeatedly most negative sums, so repeated
       labels can be recovered.
+    - ``"bias_count"``: Geng et al. (arXiv:2110.09074, Sec. 3.1): the count of class c is
+      :math:`n_c = B(\bar p_c - \partial L/\partial b_c)`, exact up to the batch-mean softmax output
+      :math:`\bar p`, which is estimated on dummy inputs (:mod:`~lightning_fl.attacks.label_counts`); needs
+      ``bias_gradient`` and ``dummy``. Holds for repeated labels and features of any sign.
+    - ``"weight_count"``: the same count from the weight gradient's row sums, for a classifier without a bias
+      (Geng et al., Sec. 3.1), with the dummies' mean feature sum; needs ``dummy``.
 
-    A multi-step update is :math:`-\eta \sum_t g_t`: pass its pseudo-gradient :math:`-\Delta W / \eta`.
+    The gradient is of the loss averaged over the batch. A multi-step update is :math:`-\eta \sum_t g_t`: pass its
+    pseudo-gradient averaged over the steps, :math:`-\Delta W / (\eta T)` (the ranking rules are scale-invariant).
 
     Args:
         last_layer_gradient: :math:`\nabla W` of the classifier weight, ``(K, D)``.
         num_images: batch size B (public metadata).
         strategy: one of :data:`LABEL_STRATEGIES`.
+        bias_gradient: :math:`\nabla b` of the classifier bias ``(K,)`` (``"bias_count"``).
+        dummy: the model's statistics on dummy inputs (the count strategies).
 
     Returns:
         ``(B,)`` integer labels (sorted by evidence, not in batch order).
 
     Raises:
-        ValueError: on an unknown strategy, or B > K for a strategy that assumes distinct labels.
+        ValueError: on an unknown strategy, B > K for a strategy that assumes distinct labels, or a count strategy
+            without its inputs.
 
     Example:
         >>> grad = torch.tensor([[0.2, 0.1], [-0.5, -0.4], [0.3, 0.2]])
@@ -81,6 +121,18 @@ def infer_labels(last_layer_gradient: Tensor, *, num_images: int, strategy: Labe
             f"label strategy {strategy!r} assumes distinct labels but num_images={num_images} > {num_classes} "
             "classes; use strategy='llg'."
         )
+    if strategy in COUNT_STRATEGIES:
+        if dummy is None or (strategy == "bias_count" and bias_gradient is None):
+            needs = "bias_gradient and dummy" if strategy == "bias_count" else "dummy"
+            raise ValueError(
+                f"label strategy {strategy!r} needs {needs} (see lightning_fl.attacks.label_counts); for a "
+                "classifier without a bias use strategy='weight_count'."
+            )
+        bias = bias_gradient if strategy == "bias_count" else None
+        counts, least = label_counts(
+            weight_gradient=last_layer_gradient, bias_gradient=bias, num_images=num_images, dummy=dummy
+        )
+        return counts_to_labels(counts, num_images=num_images, least=least)
     grad = last_layer_gradient.detach().double()
     if strategy == "idlg":
         return grad.sum(1).argsort()[:num_images]

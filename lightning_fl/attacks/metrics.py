@@ -4,7 +4,7 @@ The toolkit's convention (DESIGN.md principle 5): images in [0, 1]; MSE, PSNR (d
 per image from torchmetrics; a reconstructed batch is first matched to the ground truth with the Hungarian
 algorithm (the attacker cannot know the batch order), then scores are averaged over the matched pairs.
 Paper-specific variants are their own functions: :func:`fdlpp_privacy_score` (FDL-PP, Gu et al., Eq. 6) and
-:func:`psnr_ref_rmse` (the RMSE-based "PSNR" of the thesis' evaluation code, Ren 2023, spec_003 §3.7).
+:func:`psnr_ref_rmse` (the RMSE-based "PSNR" of the thesis' evaluation code, Ren 2023).
 
 Example:
     >>> target = torch.zeros(2, 1, 4, 4)
@@ -38,6 +38,7 @@ __all__ = [
     "fdlpp_privacy_score",
     "image_mse",
     "label_recovery_accuracy",
+    "label_set_accuracy",
     "lpips",
     "match_reconstructions",
     "psnr",
@@ -189,7 +190,8 @@ def lpips(preds: Tensor, target: Tensor) -> Tensor | None:
 def match_reconstructions(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """Pair each reconstruction with a distinct ground-truth image, minimising the total MSE (Hungarian algorithm).
 
-    The attacker cannot know the order of a batch, so a batch is scored after this matching (spec_003 G8).
+    The attacker cannot know the order of a batch, so a batch is scored after this matching
+    (Inferred: the thesis leaves batch scoring open).
     ``target`` may hold more images than ``preds`` (e.g. a client's whole local set behind a one-step update);
     every reconstruction is then matched to one distinct image of it.
 
@@ -226,13 +228,25 @@ def label_recovery_accuracy(preds: Tensor, target: Tensor, num_classes: int) -> 
     """Share of true labels recovered, compared as multisets (the attacker cannot know the batch order).
 
     Implements the label-inference accuracy of the thesis' Table 3.13 (Ren 2023) for batches, which the thesis
-    leaves open: |multiset(preds) ∩ multiset(target)| / B (spec_003 G8).
+    leaves open: |multiset(preds) ∩ multiset(target)| / B (Inferred).
 
     Example:
         >>> label_recovery_accuracy(torch.tensor([1, 1, 3]), torch.tensor([3, 1, 2]), num_classes=4)
         tensor(0.6667)
     """
     return _label_recovery_compute(*_label_recovery_update(preds, target, num_classes))
+
+
+def label_set_accuracy(preds: Tensor, target: Tensor) -> float:
+    """Jaccard index of the recovered and the true class sets: which classes a batch holds, whatever their counts
+    (the class-level accuracy of label-recovery papers, next to the count-level :func:`label_recovery_accuracy`).
+
+    Example:
+        >>> label_set_accuracy(torch.tensor([1, 1, 3]), torch.tensor([3, 1, 2]))
+        0.6666666666666666
+    """
+    found, true = set(preds.tolist()), set(target.tolist())
+    return len(found & true) / len(found | true)
 
 
 class LabelRecoveryAccuracy(Metric):
@@ -271,7 +285,7 @@ def attack_success_rate(scores: Tensor, *, threshold: float) -> Tensor:
 
     The thesis calls an attack successful when the image is "visually recognisable" (Table 3.6); an SSIM
     threshold (e.g. 0.6, the FedKL code's proxy) or a PSNR threshold is an operational proxy, not the same
-    criterion (spec_003 G9). For a lower-is-better score pass its negation and threshold.
+    criterion (Inferred: the thesis names no threshold). For a lower-is-better score pass its negation and threshold.
 
     Example:
         >>> attack_success_rate(torch.tensor([12.0, 31.0, 45.0]), threshold=30.0)
@@ -286,8 +300,8 @@ def fdlpp_privacy_score(mse: Tensor | float, *, alpha: float = 0.1) -> Tensor:
     r"""The FDL-PP privacy score :math:`f(x) = 2x^\alpha / (1 + x^\alpha)` of a reconstruction MSE (higher: private).
 
     Implements Eq. (6) of FDL-PP (Gu et al.). Eq. (6) writes :math:`x` as a pixel *sum*; the values behind the
-    paper's Table 1 imply a per-pixel mean on [0, 1], so pass :func:`image_mse` (spec_001_004 A4).
-    Inferred: per-pixel mean, as that spec section argues. :math:`f` maps :math:`(0, \infty)` onto :math:`(0, 2)`.
+    paper's Table 1 imply a per-pixel mean on [0, 1], so pass :func:`image_mse`.
+    Inferred: per-pixel mean, which those values imply. :math:`f` maps :math:`(0, \infty)` onto :math:`(0, 2)`.
 
     Args:
         mse: reconstruction error :math:`x` (per-pixel mean squared error on [0, 1] images).
@@ -308,8 +322,8 @@ def psnr_ref_rmse(preds: Tensor, target: Tensor) -> Tensor:
 
     Implements the metric of the FedKL evaluation code behind Table 5.6 of the thesis (Ren 2023, §5.3.1; probably
     Tables 3.4 and 3.16 too): images quantised to 0-255 as a saved PNG is, then the *root* mean squared error
-    in the denominator. Convert to the standard PSNR with :math:`2\,\mathrm{PSNR}^* - 48.13`
-    (spec_003 §3.7). Use it only to compare with those tables.
+    in the denominator. Convert to the standard PSNR with :math:`2\,\mathrm{PSNR}^* - 48.13`.
+    Use it only to compare with those tables.
 
     Example:
         >>> target = torch.zeros(1, 1, 2, 2)

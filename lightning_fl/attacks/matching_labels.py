@@ -1,0 +1,75 @@
+"""The labels a gradient-matching attack fixes before optimising: inferred from the target, ordered per restart."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lightning_fl.attacks.label_counts import dummy_statistics
+from lightning_fl.attacks.labels import (
+    COUNT_STRATEGIES,
+    LabelStrategy,
+    infer_labels,
+    last_layer_bias_name,
+    last_layer_weight_name,
+)
+from lightning_fl.attacks.targets import MatchingTarget
+
+__all__ = ["restart_label_orders", "target_labels"]
+
+
+def target_labels(
+    model: nn.Module,
+    target: MatchingTarget,
+    *,
+    num_classes: int,
+    input_shape: Sequence[int],
+    strategy: LabelStrategy,
+    seed: int = 0,
+) -> Tensor:
+    """The ``target.num_images`` labels behind ``target`` by :func:`~lightning_fl.attacks.labels.infer_labels`, from
+    the classifier's pseudo-gradient averaged over the local steps (the count rules' dummies drawn from ``seed``).
+
+    Raises:
+        ValueError: when the classifier weight is not among the matched layers.
+    """
+    weight = last_layer_weight_name(model, num_classes=num_classes)
+    gradients = dict(zip(target.names, target.tensors, strict=True))
+    if weight not in gradients:
+        raise ValueError(f"inferred labels need the classifier weight {weight!r} among the matched layers.")
+    bias = last_layer_bias_name(model, weight_name=weight)
+    dummy = None
+    if strategy in COUNT_STRATEGIES:
+        dummy = dummy_statistics(model, classifier_weight=weight, input_shape=input_shape, seed=seed)
+    return infer_labels(
+        gradients[weight] / target.local_steps,
+        num_images=target.num_images,
+        strategy=strategy,
+        bias_gradient=gradients[bias] / target.local_steps if bias in gradients else None,
+        dummy=dummy,
+    )
+
+
+def restart_label_orders(labels: Tensor, *, local_steps: int, restarts: int, generator: torch.Generator) -> Tensor:
+    """Inferred labels per restart ``(R, B)``.
+
+    Inferred: in a multi-step update the assignment of the inferred label multiset to local steps is unknown (the
+    gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred order,
+    restart 1 reverses it and later restarts draw random permutations; the best restart picks the assignment.
+
+    Example:
+        >>> restart_label_orders(torch.tensor([3, 1]), local_steps=2, restarts=2, generator=torch.Generator())
+        tensor([[3, 1],
+                [1, 3]])
+    """
+    count = len(labels)
+    orders = [torch.arange(count)]
+    if local_steps > 1:
+        orders.append(torch.arange(count).flip(0))
+        orders += [torch.randperm(count, generator=generator) for _ in range(restarts - 2)]
+    else:
+        orders *= restarts
+    orders = orders[:restarts]
+    return labels[torch.stack(orders)]

@@ -1,0 +1,80 @@
+"""The optimisation a gradient-matching attack runs, for every restart at once, and its per-iteration state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+from torch.func import vmap
+
+__all__ = ["MatchingProblem", "MatchingState", "Objective", "over_restarts"]
+
+Objective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""``(images, label_input) -> (objective, gradient distance)``."""
+
+
+def over_restarts(objective: Objective, *, restarts: int) -> Objective:
+    """``objective`` mapped over the leading restart dimension: ``vmap`` for several, a plain call for one."""
+    if restarts > 1:
+        return vmap(objective)
+
+    def single(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        total, gap = objective(x[0], y[0])
+        return total[None], gap[None]
+
+    return single
+
+
+@dataclass(frozen=True)
+class MatchingState:
+    """One iteration of :meth:`GradientMatchingAttack.iterate`, for every restart at once.
+
+    Args:
+        iteration: 0-based iteration (one objective evaluation).
+        losses: objective of each restart ``(R,)`` at the iterate before this iteration's update.
+        images: current candidates ``(R, B, C, H, W)`` after the update (before it, on the stopping iteration).
+        labels: current labels ``(R, B)``.
+        relative_gaps: each restart's gradient distance divided by the distance of an all-zero candidate
+            gradient (``sum ||g||^2`` for the Euclidean distance, 1 for the cosine one), ``(R,)``.
+        converged: true on the last state when a restart reached ``stop_below``.
+        restart_ids: which of the original restarts each row is, ``(R,)`` (rows shrink to one after
+            ``keep_best_after``).
+    """
+
+    iteration: int
+    losses: Tensor
+    images: Tensor
+    labels: Tensor
+    relative_gaps: Tensor
+    converged: bool
+    restart_ids: Tensor
+
+
+@dataclass(frozen=True)
+class MatchingProblem:
+    """The optimisation behind :meth:`GradientMatchingAttack.iterate`, for every restart at once.
+
+    Args:
+        objective: ``(images, label_input) -> (objective, gradient distance)``, each ``(R,)``: the batched
+            per-restart objective (gradient distance plus regularisers).
+        images: starting candidates ``(R, B, C, H, W)``, a leaf that requires grad.
+        label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
+        variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
+        gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
+        single: ``objective`` for one remaining restart ``(1, ...)`` without ``vmap``.
+        redraw: ``count -> fresh starts of variables``: new random values for each of ``variables``, ``(count, ...)``,
+            from the same seeded generator as the first starts.
+        stop_below: the early-stop threshold on the relative gradient distance for this batch (``None``: no stop).
+        max_iterations: the iteration budget for this batch.
+    """
+
+    objective: Objective
+    images: Tensor
+    label_input: Tensor
+    variables: list[Tensor]
+    gap_scale: float
+    single: Objective
+    redraw: Callable[[int], list[Tensor]]
+    stop_below: float | None
+    max_iterations: int
