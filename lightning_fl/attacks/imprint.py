@@ -105,7 +105,10 @@ class ImprintBlock(nn.Module):
         feature: what every row measures (see :data:`ImprintFeature`).
         feature_mean: :math:`\mu`, the mean of :math:`h(x)` over the data the server expects (public statistics).
         feature_std: :math:`\sigma`, its standard deviation.
-        output_scale: :math:`s`; every entry of the fixed :math:`W_2` is :math:`s / k`.
+        output_scale: :math:`s`; every entry of the fixed :math:`W_2` is :math:`s / (g k)`.
+        gain: :math:`g`; the stored layer is :math:`g W_1, g b`, so the block computes the same function for every
+            :math:`g` while its gradients grow as :math:`1/g` (breaching's ``gain``): a server that expects noise on
+            the updates lowers it.
         seed: seed of the ``random`` direction.
 
     Example:
@@ -123,26 +126,29 @@ class ImprintBlock(nn.Module):
         feature_mean: float,
         feature_std: float,
         output_scale: float = 1.0,
+        gain: float = 1.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
+        if not gain > 0:
+            raise ValueError(f"gain={gain} must be > 0.")
         self.input_shape = tuple(int(s) for s in input_shape)
         size = math.prod(self.input_shape)
         thresholds = gaussian_bin_thresholds(num_bins, mean=feature_mean, std=feature_std).float()
         self.bins = nn.Linear(size, num_bins)
         with torch.no_grad():
-            self.bins.weight.copy_(_direction(feature, size, seed).expand(num_bins, size))
-            self.bins.bias.copy_(-thresholds)
+            self.bins.weight.copy_(gain * _direction(feature, size, seed).expand(num_bins, size))
+            self.bins.bias.copy_(-gain * thresholds)
         self.malicious = {k: v.detach().clone() for k, v in self.state_dict().items()}
-        self.num_bins, self.output_scale = num_bins, output_scale
+        self.num_bins, self.output_scale, self.gain = num_bins, output_scale, gain
 
     def feature(self, x: Tensor) -> Tensor:
         """:math:`h(x)` of each input in ``x`` ``(B, *input_shape)``: what the bins measure, shape ``(B,)``."""
-        return x.flatten(1) @ self.malicious["bins.weight"][0].to(x)
+        return x.flatten(1) @ self.malicious["bins.weight"][0].to(x) / self.gain
 
     def forward(self, x: Tensor) -> Tensor:
-        # W_2 ReLU(.) with every entry of W_2 equal to s/k: the same value, s times the mean activation, per pixel
-        back = self.output_scale * torch.relu(self.bins(x.flatten(1))).mean(1)
+        # W_2 ReLU(.) with every entry of W_2 equal to s/(gk): the same value, s/g times the mean activation, per pixel
+        back = self.output_scale / self.gain * torch.relu(self.bins(x.flatten(1))).mean(1)
         return x + back.view(-1, *[1] * (x.dim() - 1))
 
 
@@ -190,6 +196,7 @@ class MaliciousImprint(Defence):
         feature_mean: :math:`\mu` of :math:`h(x)` the server assumes (public statistics).
         feature_std: :math:`\sigma` of :math:`h(x)`.
         output_scale: :math:`s`, the block's effect on the model's input (see :class:`ImprintBlock`).
+        gain: :math:`g`; the gradients the block leaks grow as :math:`1/g` (see :class:`ImprintBlock`).
         input_shape: shape of one model input ``(C, H, W)``; ``None`` reads ``model.hparams`` (``in_channels``,
             ``image_size``), as the toolkit's image models have them.
         seed: seed of the ``random`` direction.
@@ -207,13 +214,16 @@ class MaliciousImprint(Defence):
         feature_mean: float,
         feature_std: float,
         output_scale: float = 1.0,
+        gain: float = 1.0,
         input_shape: Sequence[int] | None = None,
         seed: int = 0,
     ) -> None:
         gaussian_bin_thresholds(num_bins, mean=feature_mean, std=feature_std)  # validates
         _direction(feature, 1, seed)
+        if not gain > 0:
+            raise ValueError(f"MaliciousImprint(gain={gain}) must be > 0.")
         self.num_bins, self.feature, self.feature_mean, self.feature_std = num_bins, feature, feature_mean, feature_std
-        self.output_scale, self.seed = output_scale, seed
+        self.output_scale, self.gain, self.seed = output_scale, gain, seed
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.block: ImprintBlock | None = None
 
@@ -238,6 +248,7 @@ class MaliciousImprint(Defence):
             feature_mean=self.feature_mean,
             feature_std=self.feature_std,
             output_scale=self.output_scale,
+            gain=self.gain,
             seed=self.seed,
         )
         model.add_module(IMPRINT_NAME, self.block)
@@ -252,5 +263,5 @@ class MaliciousImprint(Defence):
     def __repr__(self) -> str:
         return (
             f"MaliciousImprint(num_bins={self.num_bins}, feature={self.feature!r}, feature_mean={self.feature_mean}, "
-            f"feature_std={self.feature_std}, output_scale={self.output_scale})"
+            f"feature_std={self.feature_std}, output_scale={self.output_scale}, gain={self.gain})"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,17 @@ def _held_out(dm: FederatedDataModule, count: int) -> tuple[torch.Tensor, torch.
     return torch.stack(images), torch.stack(labels)
 
 
-def _imprint(dm: FederatedDataModule, num_bins: int) -> MaliciousImprint:
+def _imprint(dm: FederatedDataModule, num_bins: int, gain: float = 1.0) -> MaliciousImprint:
     """Bins on a random direction, placed by the feature's statistics on a training split (the server's public data)."""
     train_images, _ = dm.client_train_set(1).tensors()
     block = ImprintBlock(dm.input_shape, num_bins=2, feature="random", feature_mean=0.0, feature_std=1.0)
     h = block.feature(train_images)
-    return MaliciousImprint(
-        num_bins=num_bins, feature="random", feature_mean=float(h.mean()), feature_std=float(h.std())
-    )
+    mean, std = float(h.mean()), float(h.std())
+    return MaliciousImprint(num_bins=num_bins, feature="random", feature_mean=mean, feature_std=std, gain=gain)
 
 
-def _imprinted(dm: FederatedDataModule, num_bins: int) -> ImageClassifier:
-    return apply_defences(make_classifier(dm, optimizer="sgd", lr=0.1), [_imprint(dm, num_bins)])
+def _imprinted(dm: FederatedDataModule, num_bins: int, gain: float = 1.0) -> ImageClassifier:
+    return apply_defences(make_classifier(dm, optimizer="sgd", lr=0.1), [_imprint(dm, num_bins, gain)])
 
 
 def _recovered(images: torch.Tensor, truth: torch.Tensor) -> int:
@@ -146,3 +146,15 @@ def test_attack_config_parses(capsys: pytest.CaptureFixture) -> None:
         with pytest.raises(SystemExit):
             main(["attack", "--config", str(CONFIGS / f"{name}.yaml"), "--print_config"])
         assert "MaliciousImprint" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("gain", "at_least", "at_most"), [(1.0, 0, 0), (1e-5, 7, 8)])
+def test_a_lower_gain_outshouts_noise_without_clipping(
+    digits: FederatedDataModule, gain: float, at_least: int, at_most: int
+) -> None:
+    images, labels = _held_out(digits, 8)
+    view = client_view(_imprinted(digits, num_bins=256, gain=gain), images, labels, num_classes=10)
+    noise = torch.Generator().manual_seed(0)
+    noisy = {k: v + 1e-2 * torch.randn(v.shape, generator=noise) for k, v in view.tensors.items()}
+    recovered = _recovered(RobbingTheFedAttack().reconstruct(replace(view, tensors=noisy)).images, images)
+    assert at_least <= recovered <= at_most
