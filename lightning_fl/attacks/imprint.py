@@ -23,8 +23,7 @@ The recovery identity does not depend on this choice; it keeps the model's accur
 the attack by its utility.
 Inferred: :math:`W_2` is fixed (not a trainable parameter). The identity needs every bin's path to the rest of the
 model to be the same; a trainable :math:`W_2` keeps that for one gradient, but local SGD steps move its columns
-apart by a share that is large against :math:`s/k`, and a 4-step update then read out 13-16 of 32 digits where the
-fixed map reads 24 (docs/attacks.md, "Robbing the Fed").
+apart and the differences of consecutive bins stop cancelling (docs/attacks.md, "Deviations").
 
 :class:`MaliciousImprint` is the malicious server itself: it ships the block in front of the model (through the
 same bundle mechanism as a :class:`~lightning_fl.defences.Defence`: a model change plus a broadcast transform) and
