@@ -12,6 +12,7 @@ from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
 from lightning_fl.attacks.report import attack_report
 from lightning_fl.attacks.robbing_the_fed import RobbingTheFedAttack
+from lightning_fl.attacks.see_through_gradients import SeeThroughGradientsAttack
 
 __all__ = [
     "GRNN",
@@ -28,6 +29,7 @@ __all__ = [
     "MaliciousImprint",
     "Reconstruction",
     "RobbingTheFedAttack",
+    "SeeThroughGradientsAttack",
     "attack_report",
     "infer_labels",
     "leaked_batch_size",
