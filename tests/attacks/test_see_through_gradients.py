@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -10,8 +12,11 @@ from lightning_fl.attacks import SeeThroughGradientsAttack
 from lightning_fl.attacks.metrics import match_reconstructions, psnr
 from lightning_fl.attacks.see_through_gradients import batch_norm_prior
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.models import ImageClassifier
+
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 def _bn_net() -> nn.Module:
@@ -94,3 +99,9 @@ def test_see_through_gradients_recovers_a_held_out_batch_and_its_priors_help() -
         scores[name] = float(psnr(result.images[rows], images[cols]).mean())
     assert scores["full"] >= 24.0
     assert scores["full"] >= scores["plain"] + 0.5
+
+
+def test_see_through_gradients_fit_config_parses(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(CONFIGS / "see_through_gradients_resnet_digits.yaml"), "--print_config"])
+    assert "SeeThroughGradientsAttack" in capsys.readouterr().out
