@@ -91,7 +91,7 @@ def test_attack_reads_an_update_of_several_local_steps(digits: FederatedDataModu
     images, labels = _held_out(digits, 16)
     view = client_view(_imprinted(digits, num_bins=512), images, labels, num_classes=10, local_steps=4, lr=0.01)
     assert view.kind == "update"
-    assert _recovered(RobbingTheFedAttack().reconstruct(view).images, images) >= 10
+    assert _recovered(RobbingTheFedAttack().reconstruct(view).images, images) >= 12
 
 
 def test_attack_without_an_imprint_block_says_what_to_add(digits: FederatedDataModule) -> None:
