@@ -229,7 +229,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             **vars(init.run),
         )
         table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
-        for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds"):
+        for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds"):
             table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
         Console().print(table)
         print(f"attacked: {', '.join(map(str, entry['attacked']))}")

@@ -6,11 +6,14 @@ from lightning_fl.attacks.dlg import DLGAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, leaked_batch_size
 from lightning_fl.attacks.grnn import GRNN, GRNNGenerator
 from lightning_fl.attacks.idlg import IDLGAttack
+from lightning_fl.attacks.imprint import ImprintBlock, MaliciousImprint
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
 from lightning_fl.attacks.report import attack_report
+from lightning_fl.attacks.robbing_the_fed import RobbingTheFedAttack
+from lightning_fl.attacks.see_through_gradients import SeeThroughGradientsAttack
 
 __all__ = [
     "GRNN",
@@ -21,10 +24,14 @@ __all__ = [
     "GradientAttack",
     "GradientMatchingAttack",
     "IDLGAttack",
+    "ImprintBlock",
     "InvertingGradientsAttack",
     "IterationCallback",
     "MIFace",
+    "MaliciousImprint",
     "Reconstruction",
+    "RobbingTheFedAttack",
+    "SeeThroughGradientsAttack",
     "attack_report",
     "infer_labels",
     "leaked_batch_size",

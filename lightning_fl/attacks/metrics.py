@@ -33,6 +33,7 @@ from lightning_fl.messages import GroundTruth
 __all__ = [
     "LPIPS_WARNING",
     "PSNR_CAP",
+    "RECOVERED_PSNR",
     "LabelRecoveryAccuracy",
     "attack_success_rate",
     "fdlpp_privacy_score",
@@ -98,6 +99,11 @@ def psnr(preds: Tensor, target: Tensor) -> Tensor:
         .reshape(-1)
         .clamp(max=PSNR_CAP)
     )
+
+
+RECOVERED_PSNR = 30.0
+"""A reconstruction at this PSNR (dB) or above counts as an exact copy in ``score_reconstruction``'s ``recovered``
+(Robbing the Fed's measure, Fowl et al., ICLR 2022: the share of a batch recovered exactly)."""
 
 
 def ssim(preds: Tensor, target: Tensor) -> Tensor:
@@ -350,20 +356,23 @@ def score_reconstruction(
 
     Returns the metric part of a ``summary.json["attacks"]`` entry: ``mse``, ``psnr``, ``ssim``, ``lpips``
     (``None`` when unavailable), ``label_accuracy`` (``None`` when the attack recovers no labels; compared
-    against the labels of the matched ground-truth images), ``psnr_ref_rmse`` (thesis variant) and ``num_images``.
+    against the labels of the matched ground-truth images), ``psnr_ref_rmse`` (thesis variant), ``num_images``
+    (matched pairs) and ``recovered`` (matched pairs at PSNR >= :data:`RECOVERED_PSNR`: ground-truth images
+    recovered exactly).
 
     Example:
         >>> images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
         >>> truth = GroundTruth(images, torch.tensor([3, 5]))
         >>> rec = Reconstruction(truth.inputs.flip(0), torch.tensor([5, 3]))
         >>> scores = score_reconstruction(rec, truth)
-        >>> scores["mse"], scores["label_accuracy"], scores["num_images"]
-        (0.0, 1.0, 2)
+        >>> scores["mse"], scores["label_accuracy"], scores["num_images"], scores["recovered"]
+        (0.0, 1.0, 2, 2)
     """
     truth = ground_truth.inputs.detach().cpu()
     images = reconstruction.images.detach().cpu().to(truth.dtype).clamp(0, 1)
     rows, cols = match_reconstructions(images, truth)
     preds, target = images[rows], truth[cols]
+    psnrs = psnr(preds, target)
     label_accuracy = None
     if reconstruction.labels is not None:
         classes = num_classes or int(max(reconstruction.labels.max(), ground_truth.targets.max())) + 1
@@ -372,10 +381,11 @@ def score_reconstruction(
         )
     return {
         "mse": float(image_mse(preds, target).mean()),
-        "psnr": float(psnr(preds, target).mean()),
+        "psnr": float(psnrs.mean()),
         "ssim": float(ssim(preds, target).mean()),
         "lpips": _mean_or_none(lpips(preds, target)),
         "label_accuracy": label_accuracy,
         "psnr_ref_rmse": float(psnr_ref_rmse(preds, target).mean()),
         "num_images": len(rows),
+        "recovered": int((psnrs >= RECOVERED_PSNR).sum()),
     }

@@ -135,7 +135,8 @@ def run_attack(
 
     Returns:
         the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
-        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``image``, ``matched_sources``,
+        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``recovered``, ``image``,
+        ``matched_sources``,
         ``attacked`` (where each attacked image came from: its file for an ImageFolder), ``seconds``.
 
     Raises:

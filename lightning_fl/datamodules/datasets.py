@@ -1,13 +1,14 @@
 """Datasets by name, as in-memory image tensors in [0, 1].
 
-Three real datasets ship inside installed packages and need no network: ``digits`` (scikit-learn's 1,797
+Real datasets ship inside installed packages and need no network: ``digits`` (scikit-learn's 1,797
 handwritten 8x8 digits, Alpaydin & Kaynak 1998, resized), ``lfw_faces`` (scikit-image's
-``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25) and ``photos`` (81 crops of
+``data.lfw_subset()``: 100 real LFW face crops and 100 non-face crops of 25x25), ``photos`` (81 crops of
 nine natural RGB photographs: scikit-learn's ``load_sample_images()`` and scikit-image's colour photos; see
-:data:`PHOTO_SOURCES`). ``digits`` is the default everywhere. ``mnist``, ``fashion_mnist``, ``cifar10``,
-``cifar100`` and ``lfw`` come from torchvision and are downloaded when the user has a network; any other string is
-read as an ImageFolder path (a class with a single image stays in the training split, so a folder of one's own
-few images can be attacked as it is).
+:data:`PHOTO_SOURCES`) and ``photo_tiles`` (the same photographs cut into 6x6 tiles: 324 images, for batches
+larger than the 63 training images of ``photos``). ``digits`` is the default everywhere. ``mnist``,
+``fashion_mnist``, ``cifar10``, ``cifar100`` and ``lfw`` come from torchvision and are downloaded when the user
+has a network; any other string is read as an ImageFolder path (a class with a single image stays in the training
+split, so a folder of one's own few images can be attacked as it is).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset
 
 __all__ = ["OFFLINE_DATASETS", "PHOTO_SOURCES", "TORCHVISION_DATASETS", "ImageTensorDataset", "load_dataset"]
 
-OFFLINE_DATASETS = ("digits", "lfw_faces", "photos")
+OFFLINE_DATASETS = ("digits", "lfw_faces", "photos", "photo_tiles")
 PHOTO_SOURCES = (
     "sklearn:china",
     "sklearn:flower",
@@ -117,9 +118,9 @@ def _lfw_faces() -> tuple[Tensor, Tensor, int]:
     return images, labels, 2
 
 
-def _photos() -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
-    """A 3x3 grid of square crops (side: a third of the shorter edge) of each of :data:`PHOTO_SOURCES`, reduced to
-    64x64 with antialiasing; label = the photo."""
+def _photos(grid: int = 3) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
+    """A ``grid`` x ``grid`` grid of square crops (side: the shorter edge over ``grid``) of each of
+    :data:`PHOTO_SOURCES`, resized to 64x64 with antialiasing; label = the photo."""
     from skimage import data
     from sklearn.datasets import load_sample_images
 
@@ -129,10 +130,10 @@ def _photos() -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
         package, name = source.split(":")
         photo = sample[name] if package == "sklearn" else getattr(data, name)()
         image = torch.tensor(np.asarray(photo)[..., :3]).permute(2, 0, 1).float() / 255.0
-        side = min(image.shape[1:]) // 3
-        top, left = (image.shape[1] - 3 * side) // 2, (image.shape[2] - 3 * side) // 2
-        for row in range(3):
-            for col in range(3):
+        side = min(image.shape[1:]) // grid
+        top, left = (image.shape[1] - grid * side) // 2, (image.shape[2] - grid * side) // 2
+        for row in range(grid):
+            for col in range(grid):
                 y, x = top + row * side, left + col * side
                 crops.append(image[:, y : y + side, x : x + side])
                 labels.append(label)
@@ -203,11 +204,11 @@ def load_dataset(
     """Load a dataset by name (or ImageFolder path) as an :class:`ImageTensorDataset`.
 
     Args:
-        name: ``digits``, ``lfw_faces``, ``photos``, a torchvision name (``mnist``, ``fashion_mnist``, ``cifar10``,
-            ``cifar100``, ``lfw``) or a directory in ImageFolder layout.
+        name: ``digits``, ``lfw_faces``, ``photos``, ``photo_tiles``, a torchvision name (``mnist``,
+            ``fashion_mnist``, ``cifar10``, ``cifar100``, ``lfw``) or a directory in ImageFolder layout.
         train: the training split if true, else the test split. Datasets without an official split
-            (``digits``, ``lfw_faces``, ``photos``, ImageFolder) are split per class with ``test_fraction``; a
-            class with a single image stays in the training split.
+            (``digits``, ``lfw_faces``, ``photos``, ``photo_tiles``, ImageFolder) are split per class with
+            ``test_fraction``; a class with a single image stays in the training split.
         root: where torchvision datasets live (default ``~/.cache/lightning_fl/data``).
         image_size: side length to resize to (bilinear); ``None`` keeps the native size.
         channels: 1 or 3 to convert; ``None`` keeps the native channel count.
@@ -227,7 +228,8 @@ def load_dataset(
         if name in ("digits", "lfw_faces"):
             images, labels, num_classes = {"digits": _digits, "lfw_faces": _lfw_faces}[name]()
         else:
-            images, labels, num_classes, sources = _photos() if name == "photos" else _image_folder(name)
+            grid = {"photos": 3, "photo_tiles": 6}.get(name)
+            images, labels, num_classes, sources = _photos(grid) if grid else _image_folder(name)
         train_idx, test_idx = _stratified_split(labels.numpy(), test_fraction, split_seed)
         keep = torch.as_tensor(train_idx if train else test_idx, dtype=torch.long)
         images, labels = images[keep], labels[keep]
