@@ -48,7 +48,7 @@ from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.transforms import BroadcastTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.contexts import RoundContext
+    from lightning_fl.contexts import RoundContext
 
 __all__ = ["IMPRINT_NAME", "ImprintBlock", "ImprintFeature", "MaliciousImprint", "gaussian_bin_thresholds"]
 
