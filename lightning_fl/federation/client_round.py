@@ -91,9 +91,13 @@ class ClientRound:
             loop.pool = None
 
     def _train(self, round_ctx: RoundContext, selected: Sequence[int]) -> list[ClientUpdate]:
-        """Train the selected clients here one after the other, or in the worker pool (``workers > 1``)."""
+        """Train the selected clients here one after the other, at once (``loop.vectorize``), or in the worker pool
+        (``workers > 1``)."""
         loop = self.loop
-        if loop.pool is None:
+        pool = loop.pool or loop.vectorised.for_round(
+            [loop.leaks.with_tap(loop.client_callbacks, round_idx=loop.round_idx, client_id=k) for k in selected]
+        )
+        if pool is None:
             updates = []
             for k in selected:
                 ctx, received = self._start(round_ctx, k)
@@ -102,9 +106,9 @@ class ClientRound:
                 updates.append(self._finish(ctx, received, train))
             return [u for u in updates if u is not None]
         started = [self._start(round_ctx, k) for k in selected]
-        results = loop.pool.run([(ctx.client_id, loop.round_idx, received) for ctx, received in started])
+        results = pool.run([(ctx.client_id, loop.round_idx, received) for ctx, received in started])
         updates = [
-            self._finish(ctx, received, functools.partial(loop.pool.collect, results[ctx.client_id]))
+            self._finish(ctx, received, functools.partial(pool.collect, results[ctx.client_id]))
             for ctx, received in started
         ]
         return [u for u in updates if u is not None]
