@@ -29,7 +29,7 @@ from lightning_fl.federation.contexts import ClientContext, RoundContext
 from lightning_fl.federation.fabric_fit import FitOutcome, options_need_trainer
 from lightning_fl.federation.failures import ClientFailure, client_work
 from lightning_fl.federation.vectorised_contract import Vectorize, use_vectorised, vectorised_device, vectorised_refusal
-from lightning_fl.federation.vectorised_fit import ClientBatches, fit_stacked
+from lightning_fl.federation.vectorised_fit import ClientBatches, StackedModel, fit_stacked, stacked_copy
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import load_state_into
@@ -69,6 +69,7 @@ class VectorisedClients:
         self.runner, self.mode = runner, mode
         self.device = vectorised_device(runner.trainer_options) or torch.device("cpu")
         self._model_refusal: str | None = None
+        self._stacked: StackedModel | None = None
         self._said: str | None = None
 
     def for_round(self, callbacks: Sequence[Sequence[L.Callback]]) -> VectorisedClients | None:
@@ -112,7 +113,9 @@ class VectorisedClients:
         optimizer = worker.configure_optimizers()
         stacked = StackedOptimizer.like(optimizer, {id(p): name for name, p in worker.named_parameters()})
         try:
-            outcomes = fit_stacked(worker, starts, data, stacked, device=self.device)
+            if self._stacked is None:
+                self._stacked = stacked_copy(worker)
+            outcomes = fit_stacked(self._stacked, starts, data, stacked, device=self.device)
         except Exception as error:  # the clients' own training step raised: every client of the stack failed
             for r in trained:
                 r.failure = ClientFailure(r.client_id, "vectorised training", repr(error))

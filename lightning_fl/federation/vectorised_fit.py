@@ -30,7 +30,15 @@ from torch import Tensor, nn
 
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 
-__all__ = ["ClientBatches", "StackedConv2d", "StackedLinear", "StackedOutcome", "fit_stacked", "stacked_copy"]
+__all__ = [
+    "ClientBatches",
+    "StackedConv2d",
+    "StackedLinear",
+    "StackedModel",
+    "StackedOutcome",
+    "fit_stacked",
+    "stacked_copy",
+]
 
 
 class _Stacked(nn.Module):
@@ -82,9 +90,17 @@ STACKED_LAYERS: dict[type[nn.Module], type[_Stacked]] = {nn.Conv2d: StackedConv2
 """The layers with a stacked form (exact types: a subclass may compute something else)."""
 
 
-def stacked_copy(model: L.LightningModule) -> tuple[L.LightningModule, dict[str, _Stacked]]:
-    """A copy of ``model`` whose ``Conv2d`` / ``Linear`` layers are stacked; returns it and its stacked layers by
-    module name (``"backbone.fc"``), whose parameters are named ``"<name>.weight"`` and ``"<name>.bias"``."""
+@dataclass
+class StackedModel:
+    """A copy of a model whose ``Conv2d`` / ``Linear`` layers are stacked, and those layers by module name
+    (``"backbone.fc"``: its parameters are ``"backbone.fc.weight"`` and ``"backbone.fc.bias"``)."""
+
+    module: L.LightningModule
+    layers: dict[str, _Stacked]
+
+
+def stacked_copy(model: L.LightningModule) -> StackedModel:
+    """The :class:`StackedModel` of ``model``, built once and reused for every round (it holds no client's state)."""
     clone = copy.deepcopy(model)
     layers: dict[str, _Stacked] = {}
     for name, module in list(clone.named_modules()):
@@ -95,7 +111,7 @@ def stacked_copy(model: L.LightningModule) -> tuple[L.LightningModule, dict[str,
         parent_name, _, child = name.rpartition(".")
         setattr(clone.get_submodule(parent_name), child, layer)
         layers[name] = layer
-    return clone, layers
+    return StackedModel(clone, layers)
 
 
 @dataclass
@@ -118,7 +134,7 @@ class StackedOutcome:
 
 
 def fit_stacked(
-    model: L.LightningModule,
+    model: StackedModel,
     starts: Sequence[dict[str, Tensor]],
     data: Sequence[ClientBatches],
     optimizer: StackedOptimizer,
@@ -126,12 +142,12 @@ def fit_stacked(
     device: torch.device,
 ) -> list[StackedOutcome]:
     """Train ``len(starts)`` clients of ``model`` at once, client ``k`` from its parameters ``starts[k]`` on
-    ``data[k]`` (a model that :func:`~.vectorised_contract.vectorised_refusal` passes).
+    ``data[k]`` (the stacked copy of a model that :func:`~.vectorised_contract.vectorised_refusal` passes).
 
     Returns:
         one outcome per client, in the order of ``starts``; trained parameters on the CPU.
     """
-    clone, layers = stacked_copy(model)
+    clone, layers = model.module, model.layers
     clone.to(device).train()
     order = sorted(range(len(starts)), key=lambda k: -len(data[k].batches))
     params = {name: torch.stack([starts[k][name] for k in order]).to(device) for name in starts[0]}
