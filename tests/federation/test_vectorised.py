@@ -20,7 +20,7 @@ from tests.federation.user_model import UserNet
 
 DELTA_TOLERANCE = 2e-4
 """How close a vectorised update is to the sequential one, relative to its L2 norm: float32 sums in another order,
-which Adam's normalised steps amplify where a gradient is near 0 (6.5e-5 measured over 18 steps; SGD: 1e-6)."""
+which Adam's normalised steps amplify where a gradient is near 0 (6.5e-5 measured over 18 local steps; SGD: 1e-6)."""
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
@@ -38,7 +38,7 @@ def _run(tmp_path: Path, vectorize, *, model_options=None, loop_options=None, de
     dm = FederatedDataModule("digits", num_clients=6, partition="dirichlet", alpha=0.5, image_size=16, batch_size=24)
     torch.manual_seed(0)
     recorder = _Updates()
-    options = {"num_rounds": 2, "clients_per_round": 4, "local_epochs": 2, **(loop_options or {})}
+    options = {"num_rounds": 2, "clients_per_round": 3, "local_epochs": 1, **(loop_options or {})}
     loop = FederatedLoop(
         make_classifier(dm, **(model_options or {})),
         dm,
@@ -84,6 +84,8 @@ def test_vectorised_fit_matches_sequential_updates_and_history(tmp_path: Path, m
     _assert_same_run(sequential, vectorised)
     moved = max(float(u.delta[k].abs().max()) for u in vectorised[1] for k in u.delta)
     assert moved > 1e-3  # the clients trained: a comparison of untouched models would prove nothing
+    if "local_steps" not in loop_options:  # clients of different lengths: the short ones were masked
+        assert len({u.metadata["local_steps"] for u in vectorised[1]}) > 1
 
 
 def test_vectorised_fit_keeps_private_layers_per_client(tmp_path: Path) -> None:
@@ -195,3 +197,27 @@ def test_use_vectorised_auto_rule(mode, clients: int, parameters: int, device: s
 def test_loop_rejects_unknown_vectorize_value(tiny_digits: FederatedDataModule, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"loop\.vectorize=.yes. is unknown; use true, false or auto"):
         FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, vectorize="yes")
+
+
+@pytest.mark.parametrize("value", ["true", "auto"])
+def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, value: str, caplog) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    options = ["--loop.num_rounds", "1", "--data.image_size", "16", "--loop.progress_bar", "false"]
+    with caplog.at_level("INFO", logger="lightning_fl.federation.loop"):
+        rc = main(
+            ["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), *options, "--loop.vectorize", value]
+        )
+    assert rc == 0
+    assert "vectorised client fit: yes" in caplog.text
+
+
+def test_cli_rejects_unknown_vectorize_value(tmp_path: Path, capsys) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    rc = main(["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), "--loop.vectorize", "sometimes"])
+    assert rc == 2
+    assert "loop.vectorize='sometimes' is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
