@@ -111,6 +111,35 @@ def _job_report(log_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _loop(
+    dm: FederatedDataModule,
+    out: str,
+    *,
+    backbone: str,
+    rounds: int,
+    per_round: int,
+    local_epochs: int,
+    seed: int = 0,
+    **options,
+) -> FederatedLoop:
+    """The benchmarks' federation on ``dm``: ``ImageClassifier(backbone)`` with Adam 2e-3, initialised from ``seed``,
+    no checkpoints and no progress bar; ``options`` go to the loop."""
+    torch.manual_seed(seed)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    return FederatedLoop(
+        model,
+        dm,
+        num_rounds=rounds,
+        clients_per_round=per_round,
+        local_epochs=local_epochs,
+        seed=seed,
+        output_dir=out,
+        checkpoint=False,
+        progress_bar=False,
+        **options,
+    )
+
+
 def run_workers(
     workers: int,
     *,
@@ -122,21 +151,9 @@ def run_workers(
     eval_threads: int | None = None,
 ) -> dict:
     dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
-    torch.manual_seed(0)
-    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
     with tempfile.TemporaryDirectory() as out:
-        loop = FederatedLoop(
-            model,
-            dm,
-            num_rounds=rounds,
-            clients_per_round=per_round,
-            local_epochs=2,
-            output_dir=out,
-            checkpoint=False,
-            progress_bar=False,
-            workers=workers,
-            backend=backend,
-        )
+        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 2, "workers": workers, "backend": backend}
+        loop = _loop(dm, out, backbone=backbone, **options)
         if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
             loop.evaluator.threads = eval_threads
         phases: dict[str, list[float]] = {}
@@ -313,21 +330,10 @@ def run_vectorise(
 def _vectorise_run(
     dm: FederatedDataModule, vectorize: int, seed: int, rounds: int, per_round: int, backbone: str, accelerator: str
 ) -> dict:
-    torch.manual_seed(seed)
-    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
     with tempfile.TemporaryDirectory() as out:
-        loop = FederatedLoop(
-            model,
-            dm,
-            num_rounds=rounds,
-            clients_per_round=per_round,
-            local_epochs=3,
-            seed=seed,
-            output_dir=out,
-            checkpoint=False,
-            progress_bar=False,
-            vectorize=bool(vectorize),
-            trainer={"accelerator": accelerator},
+        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 3, "seed": seed}
+        loop = _loop(
+            dm, out, backbone=backbone, **options, vectorize=bool(vectorize), trainer={"accelerator": accelerator}
         )
         phases: dict[str, list[float]] = {}
         _timed(loop, "run_round", phases, "rounds")
