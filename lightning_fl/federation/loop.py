@@ -97,8 +97,8 @@ class FederatedLoop:
         vectorize: ``True`` trains each round's plain clients at once (their parameters stacked, one grouped
             forward and backward per step; see :mod:`lightning_fl.federation.vectorised_contract` for which models
             qualify: the others train one by one, with a warning); ``"auto"`` does so where the model qualifies and
-            stacking pays; ``False`` trains them one by one. The history equals the sequential one to float
-            tolerance, not bit for bit (docs/performance.md).
+            stacking pays (never with ``workers > 1``, Ray or DDP ranks); ``False`` trains them one by one. The
+            history equals the sequential one to float tolerance, not bit for bit (docs/performance.md).
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -178,7 +178,9 @@ class FederatedLoop:
         if workers > 1 and backend == "processes":  # the idle workers' cores evaluate (docs/performance.md)
             self.evaluator.threads = min(workers, os.cpu_count() or 1)
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
-        self.vectorised = VectorisedClients(self.runner, vectorize)
+        self.vectorised = VectorisedClients(
+            self.runner, vectorize, parallel=workers > 1 or backend == "ray" or self.ranks > 1
+        )
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.view = FederationView(self)  # what FL callbacks receive
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)

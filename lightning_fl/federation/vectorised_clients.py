@@ -61,11 +61,21 @@ class VectorisedClients:
     Args:
         runner: the loop's client runner (its worker model, data, client states and run shape).
         mode: ``True``, ``False`` or ``"auto"`` (see :func:`~.vectorised_contract.use_vectorised`).
+        parallel: whether the loop trains its clients in worker processes, Ray actors or DDP ranks (a pool), which
+            then train them one by one each.
+
+    Raises:
+        ValueError: on an unknown ``mode``, or ``mode=True`` with ``parallel``.
     """
 
-    def __init__(self, runner: ClientRunner, mode: Vectorize) -> None:
+    def __init__(self, runner: ClientRunner, mode: Vectorize, *, parallel: bool = False) -> None:
         if mode not in (True, False, "auto"):
             raise ValueError(f"loop.vectorize={mode!r} is unknown; use true, false or auto.")
+        if mode is True and parallel:
+            raise ValueError(
+                "loop.vectorize=true trains a round's clients at once in this process; it cannot be combined with "
+                "loop.workers > 1, Ray or DDP ranks; drop one of them (or use loop.vectorize=auto)."
+            )
         self.runner, self.mode = runner, mode
         self.device = vectorised_device(runner.trainer_options) or torch.device("cpu")
         self._model_refusal: str | None = None
@@ -143,8 +153,8 @@ class VectorisedClients:
     def _batches(self, ctx: ClientContext, *, last: bool) -> tuple[ClientBatches, int | None]:
         """The batches client ``ctx.client_id``'s seeded loader yields in its fit, drawn as the sequential fit draws
         them. The host generators are seeded for each client (data randomness), the device ones only for the
-        ``last`` (``torch.manual_seed`` on a CUDA build costs ~3 ms), so the generators end the round as the
-        sequential path leaves them."""
+        ``last`` (``torch.manual_seed`` on a CUDA build also queues a CUDA seed with a captured stack), so the
+        generators end the round as the sequential path leaves them."""
         runner = self.runner
         fit_seed = ctx.seed("fit", ctx.client_id)
         if last:

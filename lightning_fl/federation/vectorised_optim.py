@@ -92,7 +92,9 @@ def _rows(state: dict[str, Tensor], key: str, like: Tensor, active: int) -> Tens
     return state[key][:active]
 
 
-def _sgd(stacked: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any], *, active: int, step: int):
+def _sgd(
+    stacked: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any], *, active: int, step: int
+) -> None:
     """``torch.optim.SGD``'s update (momentum buffer = the first gradient, then ``mu * b + (1 - dampening) * g``)."""
     param, weight_decay, momentum = stacked[:active], group["weight_decay"], group["momentum"]
     if weight_decay != 0:
@@ -107,7 +109,9 @@ def _sgd(stacked: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[st
     param.add_(grad, alpha=-group["lr"])
 
 
-def _adam(stacked: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any], *, active: int, step: int):
+def _adam(
+    stacked: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any], *, active: int, step: int
+) -> None:
     """``torch.optim.Adam``'s update (Kingma & Ba, ICLR 2015, Algorithm 1, L2 weight decay added to the gradient)."""
     param, (beta1, beta2) = stacked[:active], group["betas"]
     exp_avg, exp_avg_sq = _rows(state, "exp_avg", stacked, active), _rows(state, "exp_avg_sq", stacked, active)

@@ -194,9 +194,18 @@ def test_use_vectorised_auto_rule(mode, clients: int, parameters: int, device: s
     assert use is expected
 
 
-def test_loop_rejects_unknown_vectorize_value(tiny_digits: FederatedDataModule, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"loop\.vectorize=.yes. is unknown; use true, false or auto"):
-        FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, vectorize="yes")
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"vectorize": "yes"}, r"loop\.vectorize='yes' is unknown; use true, false or auto"),
+        ({"vectorize": True, "workers": 2}, r"cannot be combined with loop\.workers > 1"),
+    ],
+)
+def test_loop_rejects_bad_vectorize_settings(
+    tiny_digits: FederatedDataModule, tmp_path: Path, options, message
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, **options)
 
 
 @pytest.mark.parametrize("value", ["true", "auto"])
