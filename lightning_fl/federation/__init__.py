@@ -28,6 +28,8 @@ _LAZY = {
     "RunLock": "lightning_fl.federation.run_lock",
     "federation_fingerprint": "lightning_fl.federation.fingerprint",
     "WorkerPool": "lightning_fl.federation.workers",
+    "VectorisedClients": "lightning_fl.federation.vectorised_clients",
+    "vectorised_refusal": "lightning_fl.federation.vectorised_contract",
     "FederationView": "lightning_fl.federation.view",
     "check_model": "lightning_fl.federation.model_contract",
     "split_batch": "lightning_fl.federation.model_contract",
@@ -57,6 +59,7 @@ __all__ = [
     "RunRecorder",
     "ServerSideError",
     "SetupContext",
+    "VectorisedClients",
     "WorkerPool",
     "check_model",
     "derive_seed",
@@ -65,6 +68,7 @@ __all__ = [
     "plot_curves",
     "save_global_model",
     "split_batch",
+    "vectorised_refusal",
 ]
 
 
