@@ -1,10 +1,11 @@
 """FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
 
-The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientRound` takes each selected
-client from downlink to a checked update (training it in the :class:`ClientRunner` or a worker pool),
-:class:`ServerRound` aggregates the updates into the global model, views are built by :class:`LeakPoints`, and
-:class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow contexts
-(:mod:`lightning_fl.contexts`); FL callbacks receive the loop, as Lightning callbacks receive the Trainer.
+The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientStep` takes each selected
+client from downlink to a checked update (training it in the :class:`ClientRunner`, a pool, or with the round's
+other clients at once by :class:`VectorisedClients`), :class:`ServerStep` turns the updates into the new global
+state, views are built by :class:`LeakPoints`, and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder`
+score and write. Plug-ins receive narrow contexts (:mod:`lightning_fl.contexts`); FL callbacks receive a read-only
+:class:`FederationView`, as Lightning callbacks receive the Trainer.
 Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues exactly as the
 uninterrupted one. See docs/architecture.md.
 """
