@@ -5,9 +5,11 @@ Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected
 one thread: robust to other load on the machine), the wall time, the ratios, and where the extra time of the
 Lightning loop goes (Trainer construction, fit, evaluation, writing and plotting at the end) and which inner fit
 the clients ran (plain clients: Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, the loop
-before issue #12).
+before issue #12). Each repeat also runs the loop with vectorised clients (``vectorize=True``: the round's clients
+trained at once), interleaved with the other two, and prints the time of the rounds alone (start-up and the plots at
+the end excluded) of both FederatedLoop runs.
 
-    .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 [--inner-fit trainer]
+    .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 [--inner-fit trainer] [--device cuda]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightning_fl.federation import client_runner, derive_seed
 from lightning_fl.federation.client_runner import seed_all as _seed_all
 
 BACKBONE = "lenet_dlg"
+DEVICE = "cpu"
 
 
 def build(dm: FederatedDataModule) -> ImageClassifier:
@@ -34,7 +37,7 @@ def build(dm: FederatedDataModule) -> ImageClassifier:
 
 
 def run_lightning(
-    dm: FederatedDataModule, rounds: int, out: str, inner_fit: str = "auto"
+    dm: FederatedDataModule, rounds: int, out: str, inner_fit: str = "auto", *, vectorize: bool = False
 ) -> tuple[tuple[float, float], float, dict[str, float]]:
     loop = FederatedLoop(
         build(dm),
@@ -45,11 +48,13 @@ def run_lightning(
         output_dir=out,
         progress_bar=False,
         checkpoint=False,
+        vectorize=vectorize,
+        trainer={"accelerator": "gpu" if DEVICE == "cuda" else "cpu"},
     )
     loop.runner.inner_fit = inner_fit
     loop.evaluator.lean = inner_fit != "trainer"
     print(f"inner fit: {loop.runner.inner_fit_for()}")
-    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0, "finalize": 0.0}
+    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0, "finalize": 0.0, "rounds": 0.0, "rounds_wall": 0.0}
     make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop.evaluate
 
     def timed(name, fn):
@@ -68,6 +73,16 @@ def run_lightning(
         timed("evaluate", evaluate),
     )
     loop.recorder.finalize = timed("finalize", loop.recorder.finalize)
+    run_round = timed("rounds", loop.run_round)
+
+    def run_round_wall():
+        start = time.perf_counter()
+        try:
+            return run_round()
+        finally:
+            parts["rounds_wall"] += time.perf_counter() - start
+
+    loop.run_round = run_round_wall
     start = time.perf_counter(), time.process_time()
     try:
         summary = loop.fit()
@@ -80,7 +95,7 @@ def run_lightning(
 
 def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -> tuple[tuple[float, float], float]:
     """The loop as a bare PyTorch script writes it (one model reused, fresh Adam per client fit)."""
-    model = build(dm)
+    model = build(dm).to(DEVICE)
     local = copy.deepcopy(model)
     start = time.perf_counter(), time.process_time()
     for round_idx in range(rounds):
@@ -95,6 +110,7 @@ def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -
             loader = dm.train_dataloader(client, seed=seed)
             for _ in range(3):
                 for x, y in loader:
+                    x, y = x.to(DEVICE), y.to(DEVICE)
                     optimizer.zero_grad()
                     F.cross_entropy(local(x), y).backward()
                     optimizer.step()
@@ -110,6 +126,7 @@ def run_plain(dm: FederatedDataModule, rounds: int, schedule: list[list[int]]) -
         correct = n = 0
         with torch.no_grad():
             for x, y in dm.test_dataloader():
+                x, y = x.to(DEVICE), y.to(DEVICE)
                 correct += (model(x).argmax(1) == y).sum().item()
                 n += len(y)
         accuracy = correct / n
@@ -123,9 +140,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backbone", default="lenet_dlg", help="a backbone name, e.g. resnet20 for heavier steps")
     parser.add_argument("--inner-fit", default="auto", choices=["auto", "trainer"], help="trainer: the pre-#12 loop")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: every loop on the GPU")
     args = parser.parse_args()
-    global BACKBONE
-    BACKBONE = args.backbone
+    global BACKBONE, DEVICE
+    BACKBONE, DEVICE = args.backbone, args.device
     torch.set_num_threads(args.threads)
     dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5)
     dm.setup()
@@ -134,22 +152,30 @@ def main() -> None:
     for r in range(args.rounds):
         probe.round_idx = r
         schedule.append(probe.selector.select(probe.round_context()))
-    ours, plain, parts_all = [], [], []
+    ours, vectorised, plain, parts_all, parts_vectorised = [], [], [], [], []
     for i in range(args.repeats):
         t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}", args.inner_fit)
         ours.append(t)
         parts_all.append(parts)
+        t, acc_v, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_v{i}", args.inner_fit, vectorize=True)
+        vectorised.append(t)
+        parts_vectorised.append(parts)
         t, acc_p = run_plain(dm, args.rounds, schedule)
         plain.append(t)
     fits = args.rounds * 5
     for i, kind in enumerate(("CPU", "wall")):
         o, p = statistics.median(t[i] for t in ours), statistics.median(t[i] for t in plain)
+        v = statistics.median(t[i] for t in vectorised)
         print(
-            f"{kind} time: FederatedLoop {o:.2f} s (acc {acc_l:.3f}); plain PyTorch {p:.2f} s (acc {acc_p:.3f}); "
-            f"ratio {o / p:.2f}"
+            f"{kind} time: FederatedLoop {o:.2f} s (acc {acc_l:.3f}); vectorised clients {v:.2f} s (acc {acc_v:.3f}); "
+            f"plain PyTorch {p:.2f} s (acc {acc_p:.3f}); ratios to plain {o / p:.2f} and {v / p:.2f}"
         )
+    for key, kind in (("rounds", "CPU"), ("rounds_wall", "wall")):
+        o = statistics.median(pp[key] for pp in parts_all)
+        v = statistics.median(pp[key] for pp in parts_vectorised)
+        print(f"rounds only, {kind}: FederatedLoop {o:.2f} s, vectorised clients {v:.2f} s, ratio {v / o:.2f}")
     print("FederatedLoop CPU time by part:")
-    for name in parts_all[0]:
+    for name in ("trainer_init", "fit", "evaluate", "finalize"):
         print(f"  {name}: {statistics.median(pp[name] for pp in parts_all) / fits * 1e3:.1f} ms per client fit")
     print(f"load average at the end: {os.getloadavg()}")
 

@@ -24,6 +24,18 @@ configs/quickstart.yaml`` against Flower simulations of the same model, data, pa
 app with a bare PyTorch client, and our Flower adapter; see ``benchmarks/flower_quickstart.py``), one after another:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py flower --rounds 25
+
+Section ``vectorise`` (issue #24): the same federation with clients trained one by one (``vectorize=False``) and at
+once (``vectorize=True``), one after the other for each seed (model initialisation and loop seed; the partition is
+fixed), in this process. Prints per seed the CPU and wall time of the rounds alone (client training, aggregation,
+evaluation; start-up and the plots at the end excluded) and of the client step alone, their ratios, the final
+accuracies and how far the vectorised history is from the sequential one (largest difference of any round's train
+loss and test accuracy). The quickstart (10 clients, 5 a round, 25 rounds) and the 100-client workload:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py vectorise --clients 10 --per-round 5 --rounds 25 \
+        --backbone lenet_dlg --seeds 0 1 2
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py vectorise --clients 100 --per-round 20 --rounds 25 \
+        --backbone lenet_dlg --seeds 0
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import torch
 
 from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
 from lightning_fl.federation import workers as workers_module
+from lightning_fl.federation.client_round import ClientStep
 
 
 def _cpu_seconds() -> float:
@@ -99,6 +112,35 @@ def _job_report(log_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _loop(
+    dm: FederatedDataModule,
+    out: str,
+    *,
+    backbone: str,
+    rounds: int,
+    per_round: int,
+    local_epochs: int,
+    seed: int = 0,
+    **options,
+) -> FederatedLoop:
+    """The benchmarks' federation on ``dm``: ``ImageClassifier(backbone)`` with Adam 2e-3, initialised from ``seed``,
+    no checkpoints and no progress bar; ``options`` go to the loop."""
+    torch.manual_seed(seed)
+    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    return FederatedLoop(
+        model,
+        dm,
+        num_rounds=rounds,
+        clients_per_round=per_round,
+        local_epochs=local_epochs,
+        seed=seed,
+        output_dir=out,
+        checkpoint=False,
+        progress_bar=False,
+        **options,
+    )
+
+
 def run_workers(
     workers: int,
     *,
@@ -110,21 +152,9 @@ def run_workers(
     eval_threads: int | None = None,
 ) -> dict:
     dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
-    torch.manual_seed(0)
-    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
     with tempfile.TemporaryDirectory() as out:
-        loop = FederatedLoop(
-            model,
-            dm,
-            num_rounds=rounds,
-            clients_per_round=per_round,
-            local_epochs=2,
-            output_dir=out,
-            checkpoint=False,
-            progress_bar=False,
-            workers=workers,
-            backend=backend,
-        )
+        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 2, "workers": workers, "backend": backend}
+        loop = _loop(dm, out, backbone=backbone, **options)
         if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
             loop.evaluator.threads = eval_threads
         phases: dict[str, list[float]] = {}
@@ -274,9 +304,52 @@ def run_flower(*, rounds: int) -> None:
             print(f"| {name} | {wall:.1f} | {sum(seen.values()):.1f} | {accuracies[-1]:.4f} | {same} | {load:.1f} |")
 
 
+def run_vectorise(
+    *, clients: int, per_round: int, rounds: int, seeds: list[int], backbone: str, accelerator: str
+) -> None:
+    dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
+    dm.setup()
+    print(
+        "| seed | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio | client step CPU s seq / vec "
+        "| ratio | accuracy seq / vec | max abs diff train loss / accuracy | load before |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for seed in seeds:
+        load = os.getloadavg()[0]
+        s, v = (_vectorise_run(dm, vectorize, seed, rounds, per_round, backbone, accelerator) for vectorize in (0, 1))
+        loss = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(s["h"], v["h"], strict=True))
+        acc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(s["h"], v["h"], strict=True))
+        print(
+            f"| {seed} | {s['rounds'][0]:.2f} / {v['rounds'][0]:.2f} | {v['rounds'][0] / s['rounds'][0]:.2f} "
+            f"| {s['rounds'][1]:.2f} / {v['rounds'][1]:.2f} | {v['rounds'][1] / s['rounds'][1]:.2f} "
+            f"| {s['clients'][0]:.2f} / {v['clients'][0]:.2f} | {v['clients'][0] / s['clients'][0]:.2f} "
+            f"| {s['acc']:.4f} / {v['acc']:.4f} | {loss:.1e} / {acc:.1e} | {load:.1f} |",
+            flush=True,
+        )
+
+
+def _vectorise_run(
+    dm: FederatedDataModule, vectorize: int, seed: int, rounds: int, per_round: int, backbone: str, accelerator: str
+) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 3, "seed": seed}
+        loop = _loop(
+            dm, out, backbone=backbone, **options, vectorize=bool(vectorize), trainer={"accelerator": accelerator}
+        )
+        phases: dict[str, list[float]] = {}
+        _timed(loop, "run_round", phases, "rounds")
+        run = ClientStep.run  # the loop builds its client step when it fits: time the class's method, then restore it
+        _timed(ClientStep, "run", phases, "clients")
+        try:
+            loop.fit()
+        finally:
+            ClientStep.run = run
+    return {**phases, "acc": loop.history[-1]["test_accuracy"], "h": loop.history}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["workers", "memory", "ddp", "flower", "flower-run"])
+    parser.add_argument("section", choices=["workers", "memory", "ddp", "flower", "flower-run", "vectorise"])
     parser.add_argument("impl", nargs="?", choices=["bare", "adapter"], help="flower-run: which Flower app")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
@@ -284,6 +357,8 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="vectorise: one pair of runs per seed")
+    parser.add_argument("--accelerator", default="cpu", help="vectorise: loop.trainer's accelerator (cpu, gpu)")
     parser.add_argument(
         "--eval-threads",
         type=int,
@@ -304,6 +379,10 @@ def main() -> None:
         return
     if args.section == "ddp":
         run_ddp(rounds=args.rounds)
+        return
+    if args.section == "vectorise":
+        options = {"clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "seeds": args.seeds}
+        run_vectorise(**options, backbone=args.backbone, accelerator=args.accelerator)
         return
     if args.section == "memory":
         print(

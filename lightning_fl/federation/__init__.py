@@ -30,6 +30,8 @@ _LAZY = {
     "plugin_settings": "lightning_fl.federation.fingerprint",
     "check_composition": "lightning_fl.federation.composition",
     "WorkerPool": "lightning_fl.federation.workers",
+    "VectorisedClients": "lightning_fl.federation.vectorised_clients",
+    "vectorised_refusal": "lightning_fl.federation.vectorised_contract",
     "FederationView": "lightning_fl.federation.view",
     "check_model": "lightning_fl.federation.model_contract",
     "split_batch": "lightning_fl.federation.model_contract",
@@ -59,6 +61,7 @@ __all__ = [
     "RunRecorder",
     "ServerSideError",
     "SetupContext",
+    "VectorisedClients",
     "WorkerPool",
     "check_composition",
     "check_model",
@@ -69,6 +72,7 @@ __all__ = [
     "plugin_settings",
     "save_global_model",
     "split_batch",
+    "vectorised_refusal",
 ]
 
 

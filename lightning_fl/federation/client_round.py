@@ -1,11 +1,12 @@
 """The client step of a round: each selected client's round trip, from downlink to a checked update.
 
 For every selected client, :class:`ClientStep` runs the fit-start callbacks, sends it the global state through the
-downlink (broadcast transforms), trains it (in this process with the gradient tap, or in the client pool), runs the
-fit-end callbacks, encodes the update with the client transforms, drops failed clients (a
-:class:`~lightning_fl.federation.failures.ClientFailure`; any other error propagates), unsound updates and norm
-outliers with a warning, and reports each kept update at the client-update leak point (type 1). :func:`open_pool`
-chooses the pool (local worker processes, Ray actors or DDP ranks) that trains the clients during one ``fit``.
+downlink (broadcast transforms), trains it (in this process with the gradient tap, in the client pool, or at once
+with the round's other clients by the vectorised clients), runs the fit-end callbacks, encodes the update with the
+client transforms, drops failed clients (a :class:`~lightning_fl.federation.failures.ClientFailure`; any other error
+propagates), unsound updates and norm outliers with a warning, and reports each kept update at the client-update
+leak point (type 1). :func:`open_pool` chooses the pool (local worker processes, Ray actors or DDP ranks) that
+trains the clients during one ``fit``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
     from lightning_fl.federation.leak_points import LeakPoints
     from lightning_fl.federation.updates import Downlink
+    from lightning_fl.federation.vectorised_clients import VectorisedClients
     from lightning_fl.federation.view import FederationView
     from lightning_fl.transforms import ClientTransform
 
@@ -116,7 +118,10 @@ class ClientStep:
 
     Args:
         runner: trains a client in this process and builds each client's context.
-        pool: trains the clients elsewhere (``None``: in this process, one after the other).
+        pool: trains the clients elsewhere (``None``: in this process).
+        vectorised: trains a round's clients in this process at once, when no ``pool`` is given and the model
+            and the round's Trainer callbacks qualify (``None``, or a round that does not qualify: one after the
+            other), see :class:`~lightning_fl.federation.vectorised_clients.VectorisedClients`.
         downlink: what each client receives (the broadcast transforms).
         leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
         client_transforms: the client-side chain each update passes before it is sent (clip, noise, encrypt).
@@ -133,6 +138,7 @@ class ClientStep:
         runner: ClientRunner,
         *,
         pool: ClientPool | None,
+        vectorised: VectorisedClients | None = None,
         downlink: Downlink,
         leaks: LeakPoints,
         client_transforms: Sequence[ClientTransform],
@@ -143,7 +149,7 @@ class ClientStep:
         max_update_norm: float,
         min_clients: int,
     ) -> None:
-        self.runner, self.pool, self.downlink, self.leaks = runner, pool, downlink, leaks
+        self.runner, self.pool, self.vectorised, self.downlink, self.leaks = runner, pool, vectorised, downlink, leaks
         self.client_transforms = () if pool is not None and pool.encodes else tuple(client_transforms)
         self.client_callbacks, self.callbacks, self.federation = tuple(client_callbacks), tuple(callbacks), federation
         self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
@@ -174,9 +180,14 @@ class ClientStep:
         return ClientStepResult(updates, failures)
 
     def _train(self, round_ctx: RoundContext, selected: Sequence[int], failures: dict[int, str]) -> list[ClientUpdate]:
-        """Train the selected clients here one after the other, or in the pool."""
+        """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool."""
         round_idx = round_ctx.round_idx
-        if self.pool is None:
+        pool: ClientPool | VectorisedClients | None = self.pool
+        if pool is None and self.vectorised is not None:
+            pool = self.vectorised.for_round(
+                [self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k) for k in selected]
+            )
+        if pool is None:
             updates = []
             for k in selected:
                 ctx, received = self._start(round_ctx, k)
@@ -185,9 +196,9 @@ class ClientStep:
                 updates.append(self._finish(ctx, received, train, failures))
             return [u for u in updates if u is not None]
         started = [self._start(round_ctx, k) for k in selected]
-        results = self.pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
+        results = pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
-            self._finish(ctx, received, functools.partial(self.pool.collect, results[ctx.client_id]), failures)
+            self._finish(ctx, received, functools.partial(pool.collect, results[ctx.client_id]), failures)
             for ctx, received in started
         ]
         return [u for u in updates if u is not None]

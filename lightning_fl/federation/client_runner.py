@@ -139,12 +139,28 @@ class ClientRunner:
         Raises:
             ClientFailure: when the client's training raised (see :mod:`~lightning_fl.federation.failures`).
         """
-        client_id, worker = ctx.client_id, self.worker
+        client_id = ctx.client_id
         fabric = self.inner_fit_for(callbacks)[0] == "fabric"
         outcome, loader = self._train(ctx, received, callbacks, fabric=fabric)
         if outcome is None:  # it logged in a form only the Trainer reduces: this fit and every later one on it
             self._model_reason = "it logs in a form only the Trainer reduces"
             outcome, loader = self._train(ctx, received, callbacks, fabric=False)
+        return self.update_of(
+            client_id, ctx.round_idx, received, outcome, batch_size=getattr(loader, "batch_size", None)
+        )
+
+    def update_of(
+        self,
+        client_id: int,
+        round_idx: int,
+        received: dict[str, Tensor],
+        outcome: FitOutcome,
+        *,
+        batch_size: int | None,
+    ) -> ClientUpdate:
+        """The raw update of client ``client_id``, just trained into the worker from ``received``; keeps the
+        worker's private state as the client's own."""
+        worker = self.worker
         state = self.states[client_id]
         state.private = {k: v.detach().clone() for k, v in private_state(worker).items()}
         state.initialised = bool(state.private)
@@ -153,8 +169,8 @@ class ClientRunner:
         optimizer = outcome.optimizer
         return ClientUpdate(
             client_id=client_id,
-            round_idx=ctx.round_idx,
-            delta={k: (local[k] - received[k]).detach().clone() for k in ctx.spec.update_keys},
+            round_idx=round_idx,
+            delta={k: (local[k] - received[k]).detach().clone() for k in self.spec.update_keys},
             num_samples=self.datamodule.num_train_samples(client_id),
             loss=float(loss) if loss is not None else math.nan,
             metadata={
@@ -162,7 +178,7 @@ class ClientRunner:
                 "local_epochs": outcome.current_epoch,
                 "lr": optimizer.param_groups[0]["lr"] if optimizer is not None else None,
                 "optimizer": type(optimizer).__name__.lower() if optimizer is not None else None,
-                "batch_size": getattr(loader, "batch_size", None),
+                "batch_size": batch_size,
             },
         )
 

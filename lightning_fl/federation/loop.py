@@ -1,10 +1,11 @@
 """FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
 
-The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientRound` takes each selected
-client from downlink to a checked update (training it in the :class:`ClientRunner` or a worker pool),
-:class:`ServerRound` aggregates the updates into the global model, views are built by :class:`LeakPoints`, and
-:class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder` score and write. Plug-ins receive narrow contexts
-(:mod:`lightning_fl.contexts`); FL callbacks receive the loop, as Lightning callbacks receive the Trainer.
+The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientStep` takes each selected
+client from downlink to a checked update (training it in the :class:`ClientRunner`, a pool, or with the round's
+other clients at once by :class:`VectorisedClients`), :class:`ServerStep` turns the updates into the new global
+state, views are built by :class:`LeakPoints`, and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder`
+score and write. Plug-ins receive narrow contexts (:mod:`lightning_fl.contexts`); FL callbacks receive a read-only
+:class:`FederationView`, as Lightning callbacks receive the Trainer.
 Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues exactly as the
 uninterrupted one. See docs/architecture.md.
 """
@@ -42,6 +43,7 @@ from lightning_fl.federation.run_lock import RunLock
 from lightning_fl.federation.server_round import ServerStep, apply_global_state
 from lightning_fl.federation.trainers import trainer_options
 from lightning_fl.federation.updates import Downlink, norm_bounds
+from lightning_fl.federation.vectorised_clients import VectorisedClients
 from lightning_fl.federation.view import FederationView, RoundClock
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
@@ -96,6 +98,11 @@ class FederatedLoop:
             and reusing it across clients; 1 trains them in this process. The history equals ``workers=1``
             for the same seed (see :mod:`lightning_fl.federation.workers`).
         backend: where ``workers`` run: local ``processes``, or ``ray`` actors (needs the ``ray`` extra).
+        vectorize: ``True`` trains each round's plain clients at once (their parameters stacked, one grouped
+            forward and backward per step; see :mod:`lightning_fl.federation.vectorised_contract` for which models
+            qualify: the others train one by one, with a warning); ``"auto"`` does so where the model qualifies and
+            stacking pays (never with ``workers > 1``, Ray or DDP ranks); ``False`` trains them one by one. The
+            history equals the sequential one to float tolerance, not bit for bit (docs/performance.md).
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -136,6 +143,7 @@ class FederatedLoop:
         progress_bar: bool = True,
         workers: int = 1,
         backend: Literal["processes", "ray"] = "processes",
+        vectorize: bool | Literal["auto"] = False,
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         self.max_update_norm_ratio, self.max_update_norm = norm_bounds(max_update_norm_ratio, max_update_norm)
@@ -181,6 +189,9 @@ class FederatedLoop:
         if workers > 1 and backend == "processes":  # the idle workers' cores evaluate (docs/performance.md)
             self.evaluator.threads = min(workers, os.cpu_count() or 1)
         self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
+        self.vectorised = VectorisedClients(
+            self.runner, vectorize, parallel=workers > 1 or backend == "ray" or self.ranks > 1
+        )
         self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
         self.clock = RoundClock()
         self.view = FederationView(  # what FL callbacks receive
@@ -410,6 +421,7 @@ class FederatedLoop:
         return ClientStep(
             self.runner,
             pool=pool,
+            vectorised=self.vectorised,
             downlink=self.downlink,
             leaks=self.leaks,
             client_transforms=self.client_transforms,

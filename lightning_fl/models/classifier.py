@@ -91,6 +91,12 @@ class ImageClassifier(L.LightningModule):
         self._loss_sum, self._loss_count = self._loss_sum + loss.detach() * len(y), self._loss_count + len(y)
         return loss
 
+    def per_example_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The cross-entropy of each example of ``batch``: ``training_step``'s loss is its mean (the contract of the
+        vectorised client fit, :mod:`lightning_fl.federation.vectorised_contract`)."""
+        x, y = batch
+        return F.cross_entropy(self(x), y, reduction="none")
+
     def on_train_epoch_start(self) -> None:
         self._loss_sum, self._loss_count = torch.zeros((), device=self.device), 0
 

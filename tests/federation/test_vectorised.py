@@ -1,0 +1,233 @@
+"""Vectorised clients train a round's plain clients at once with the sequential path's maths; the others say why not."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_fl import FederatedLoop
+from lightning_fl.callbacks.base import FederatedCallback
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.defences import PrivateSplit
+from lightning_fl.federation.vectorised_contract import use_vectorised, vectorised_refusal
+from lightning_fl.federation.vectorised_optim import StackedOptimizer
+from tests.conftest import make_classifier
+from tests.federation.user_model import UserNet
+
+DELTA_TOLERANCE = 2e-4
+"""How close a vectorised update is to the sequential one, relative to its L2 norm: float32 sums in another order,
+which Adam's normalised steps amplify where a gradient is near 0 (6.5e-5 measured over 18 local steps; SGD: 1e-6)."""
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+class _Updates(FederatedCallback):
+    """Keeps every raw update the server is sent (after the client transforms: none here)."""
+
+    def __init__(self) -> None:
+        self.updates = []
+
+    def on_client_fit_end(self, federation, update) -> None:
+        self.updates.append(update)
+
+
+def _run(tmp_path: Path, vectorize, *, model_options=None, loop_options=None, defences=()):
+    dm = FederatedDataModule("digits", num_clients=6, partition="dirichlet", alpha=0.5, image_size=16, batch_size=24)
+    torch.manual_seed(0)
+    recorder = _Updates()
+    options = {"num_rounds": 2, "clients_per_round": 3, "local_epochs": 1, **(loop_options or {})}
+    loop = FederatedLoop(
+        make_classifier(dm, **(model_options or {})),
+        dm,
+        defences=defences,
+        callbacks=[recorder],
+        output_dir=tmp_path / f"vectorize_{vectorize}",
+        checkpoint=False,
+        progress_bar=False,
+        vectorize=vectorize,
+        **options,
+    )
+    loop.fit()
+    return loop, recorder.updates
+
+
+def _assert_same_run(sequential, vectorised) -> None:
+    (loop_s, updates_s), (loop_v, updates_v) = sequential, vectorised
+    assert [u.client_id for u in updates_s] == [u.client_id for u in updates_v]
+    for a, b in zip(updates_s, updates_v, strict=True):
+        assert a.delta.keys() == b.delta.keys()
+        difference = torch.cat([(b.delta[k] - a.delta[k]).flatten() for k in a.delta])
+        norm = torch.cat([a.delta[k].flatten() for k in a.delta]).norm()
+        assert float(difference.norm() / norm) < DELTA_TOLERANCE
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
+        assert (b.num_samples, b.metadata) == (a.num_samples, a.metadata)
+    for a, b in zip(loop_s.history, loop_v.history, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+        assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("model_options", "loop_options"),
+    [
+        ({}, {}),  # Adam, clients of different sizes: the short ones finish first and are masked
+        ({"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, {}),
+        ({"optimizer": "adam", "weight_decay": 1e-3}, {"local_steps": 5, "local_epochs": 1}),
+    ],
+    ids=["adam_epochs", "sgd_momentum_decay", "adam_local_steps"],
+)
+def test_vectorised_fit_matches_sequential_updates_and_history(tmp_path: Path, model_options, loop_options) -> None:
+    sequential = _run(tmp_path, False, model_options=model_options, loop_options=loop_options)
+    vectorised = _run(tmp_path, True, model_options=model_options, loop_options=loop_options)
+    _assert_same_run(sequential, vectorised)
+    assert vectorised[0].vectorised._stacked is not None  # the client step trained them stacked, not one by one
+    moved = max(float(u.delta[k].abs().max()) for u in vectorised[1] for k in u.delta)
+    assert moved > 1e-3  # the clients trained: a comparison of untouched models would prove nothing
+    if "local_steps" not in loop_options:  # clients of different lengths: the short ones were masked
+        assert len({u.metadata["local_steps"] for u in vectorised[1]}) > 1
+
+
+def test_vectorised_fit_keeps_private_layers_per_client(tmp_path: Path) -> None:
+    sequential = _run(tmp_path, False, defences=[PrivateSplit(cut=1)])
+    vectorised = _run(tmp_path, True, defences=[PrivateSplit(cut=1)])
+    _assert_same_run(sequential, vectorised)
+    states_s, states_v = sequential[0].clients, vectorised[0].clients
+    trained = [k for k, s in enumerate(states_s) if s.initialised]
+    assert trained and trained == [k for k, s in enumerate(states_v) if s.initialised]
+    for k in trained:
+        assert set(states_v[k].private) == {"backbone.body.0.weight", "backbone.body.0.bias"}
+        for key, value in states_s[k].private.items():
+            torch.testing.assert_close(states_v[k].private[key], value, **TOLERANCE)
+    assert all(not set(u.delta) & set(states_v[trained[0]].private) for u in vectorised[1])
+
+
+def test_stacked_optimizer_leaves_finished_rows_untouched() -> None:
+    """Rows past ``active`` keep their parameters and state; the others follow ``torch.optim.Adam`` each."""
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(3, 4, generator=generator)
+    grads = [torch.randn(3, 4, generator=generator) for _ in range(3)]
+    params = {"w": start.clone()}
+    references = [start[k].clone().requires_grad_() for k in range(3)]
+    optimisers = [torch.optim.Adam([p], lr=0.1, weight_decay=0.01) for p in references]
+    stacked = StackedOptimizer.like(optimisers[0], {id(references[0]): "w"})
+    for step, active in enumerate([3, 3, 1], start=1):
+        stacked.step(params, {"w": grads[step - 1][:active]}, active=active, step=step)
+        for k in range(active):
+            references[k].grad = grads[step - 1][k].clone()
+            optimisers[k].step()
+    for k in range(3):
+        torch.testing.assert_close(params["w"][k], references[k].detach(), rtol=0, atol=1e-7)
+    assert int(stacked.state["w"]["exp_avg"][1:].ne(0).sum()) > 0  # rows 1, 2 kept the state of their 2 steps
+
+
+class _Dropout(UserNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def per_example_loss(self, batch):
+        return nn.functional.cross_entropy(self.drop(self(batch[0])), batch[1], reduction="none")
+
+
+class _AdamW(UserNet):
+    def per_example_loss(self, batch):
+        return nn.functional.cross_entropy(self(batch[0]), batch[1], reduction="none")
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "reason"),
+    [
+        (lambda: UserNet(), {}, "defines no per_example_loss"),
+        (lambda: _Dropout(), {}, "drop is Dropout"),
+        (lambda: _AdamW(), {}, "optimiser AdamW"),
+        (lambda: make_classifier(_digits(), backbone="resnet20"), {}, "BatchNorm2d"),
+        (lambda: make_classifier(_digits()), {"gradient_clip_val": 1.0}, "gradient_clip_val"),
+        (lambda: make_classifier(_digits()), {"devices": 2}, "runs on one device"),
+    ],
+    ids=["no_contract", "dropout", "adamw", "batchnorm", "trainer_option", "two_devices"],
+)
+def test_vectorised_refusal_says_why(model, options, reason: str) -> None:
+    assert reason in vectorised_refusal(model(), options={"accelerator": "cpu", **options})
+
+
+def _digits() -> FederatedDataModule:
+    return FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+
+
+def test_vectorize_true_on_a_refused_model_warns_and_trains_one_by_one(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=16, seed=0)
+    histories = []
+    for vectorize in (False, True):
+        torch.manual_seed(0)
+        options = {"num_rounds": 1, "clients_per_round": 3, "local_steps": 2, "checkpoint": False}
+        loop = FederatedLoop(
+            UserNet(), dm, eval_metric="acc", train_loss_key="loss", output_dir=tmp_path / str(vectorize),
+            progress_bar=False, vectorize=vectorize, **options,
+        )  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loop.fit()
+        histories.append(loop.history)
+        said = [str(w.message) for w in caught if "loop.vectorize" in str(w.message)]
+        assert said == ([] if vectorize is False else [said[0]])
+    assert "per_example_loss" in said[0]
+    assert histories[0] == histories[1]  # the sequential path, bit for bit
+
+
+@pytest.mark.parametrize(
+    ("mode", "clients", "parameters", "device", "expected"),
+    [
+        ("auto", 5, 15_000, "cpu", True),
+        ("auto", 1, 15_000, "cpu", False),
+        ("auto", 5, 20_000_000, "cpu", False),
+        ("auto", 5, 20_000_000, "cuda", True),
+        (True, 1, 20_000_000, "cpu", True),
+        (False, 5, 15_000, "cpu", False),
+    ],
+)
+def test_use_vectorised_auto_rule(mode, clients: int, parameters: int, device: str, expected: bool) -> None:
+    use, _ = use_vectorised(mode, None, clients=clients, parameters=parameters, device=torch.device(device))
+    assert use is expected
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"vectorize": "yes"}, r"loop\.vectorize='yes' is unknown; use true, false or auto"),
+        ({"vectorize": True, "workers": 2}, r"cannot be combined with loop\.workers > 1"),
+    ],
+)
+def test_loop_rejects_bad_vectorize_settings(
+    tiny_digits: FederatedDataModule, tmp_path: Path, options, message
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, **options)
+
+
+@pytest.mark.parametrize("value", ["true", "auto"])
+def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, value: str, caplog) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    options = ["--loop.num_rounds", "1", "--data.image_size", "16", "--loop.progress_bar", "false"]
+    with caplog.at_level("INFO", logger="lightning_fl.federation.loop"):
+        rc = main(
+            ["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), *options, "--loop.vectorize", value]
+        )
+    assert rc == 0
+    assert "vectorised client fit: yes" in caplog.text
+
+
+def test_cli_rejects_unknown_vectorize_value(tmp_path: Path, capsys) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    rc = main(["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), "--loop.vectorize", "sometimes"])
+    assert rc == 2
+    assert "loop.vectorize='sometimes' is invalid" in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
