@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from lightning_fl.bench.grid import Cell, Utility, cells, fingerprint, utilities
 
 __all__ = ["available_cores", "run_bench", "threads_per_job"]
 
+_PRINT = partial(print, flush=True)  # progress lines appear as they happen, also in a log file
 _GLOBAL_MODEL = "global_model.safetensors"  # lightning_fl.federation.export.GLOBAL_MODEL_FILE, without importing torch
 
 
@@ -81,6 +83,22 @@ def _done(path: Path, digest: str) -> dict[str, Any] | None:
     return stored if stored.get("fingerprint") == digest else None
 
 
+def _stored(runs: list[Any], settings: Mapping[str, Any], folder: Path) -> tuple[dict[str, Any], list[Any]]:
+    """The results of ``runs`` finished with their current settings (by key), and the others with their spec and
+    fingerprint."""
+    done: dict[str, Any] = {}
+    todo: list[Any] = []
+    for run in runs:
+        spec = run.spec(settings)
+        digest = fingerprint(spec)
+        stored = _done(folder / f"{run.key}.json", digest)
+        if stored is not None:
+            done[run.key] = stored
+        else:
+            todo.append((run, spec, digest))
+    return done, todo
+
+
 class _Executor:
     """``jobs`` worker processes, or this process when ``jobs`` is 1 (the same calls, run at once)."""
 
@@ -118,7 +136,7 @@ def run_bench(
     command: str = "lightning-fl bench",
     wandb_project: str | None = None,
     report_only: bool = False,
-    print_: Callable[[str], None] = print,
+    print_: Callable[[str], None] = _PRINT,
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
 
@@ -135,27 +153,12 @@ def run_bench(
         a run of it failed.
     """
     output_dir = Path(output_dir)
-    utility: dict[str, dict[str, Any]] = {}
-    todo_utility: list[tuple[Utility, dict[str, Any], str]] = []
-    for run in utilities(settings):
-        spec = run.spec(settings)
-        digest = fingerprint(spec)
-        stored = _done(output_dir / "utility" / f"{run.key}.json", digest)
-        if stored is not None:
-            utility[run.key] = stored
-        else:
-            todo_utility.append((run, spec, digest))
+    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
-    results: dict[str, dict[str, Any]] = {}
+    results, todo_cells = _stored(grid, settings, output_dir / "cells")
     groups: dict[tuple[str, str, int], list[tuple[Cell, dict[str, Any], str]]] = {}
-    for cell in grid:
-        spec = cell.spec(settings)
-        digest = fingerprint(spec)
-        stored = _done(output_dir / "cells" / f"{cell.key}.json", digest)
-        if stored is not None:
-            results[cell.key] = stored
-        else:
-            groups.setdefault((cell.defence, cell.threat_model, cell.seed), []).append((cell, spec, digest))
+    for cell, spec, digest in todo_cells:
+        groups.setdefault((cell.defence, cell.threat_model, cell.seed), []).append((cell, spec, digest))
     todo = sum(len(group) for group in groups.values())
     print_(
         f"bench: {len(todo_utility)} of {len(utility) + len(todo_utility)} utility run(s) and {todo} of {len(grid)} "

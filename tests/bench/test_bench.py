@@ -120,3 +120,12 @@ def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
     assert [a["readable"] for a in loop.attacks] == [False]
     result = _scores({"success_ssim": 0.6}, loop.attacks, 1.0)
     assert result["unreadable"] == 1 and result["attacked"] == 0 and result["success_rate"] == 0.0
+
+
+def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
+    settings = load_settings("configs/bench_photos.yaml", quick=True)
+    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photos", 32)
+    assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
+    threats = settings["threat_models"]
+    assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
+    assert any(t.get("trained") for t in threats.values()) and len(threats) >= 3
