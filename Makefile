@@ -1,7 +1,7 @@
 # Two commands for a fresh machine; each sets up what it needs (virtual environment, pinned install).
 #   make quickstart   offline FedAvg on scikit-learn's digits (about a minute on 2 CPU cores)
 #   make test         lint + the fast test suite (what CI runs)
-#   make bench-quick  every attack x every defence, quick preset (docs/reproduction.md, "Attacks x defences")
+#   make bench-quick  every attack x every defence x threat model, quick preset (docs/bench.md)
 #   make bench        the full preset of the same grid (about 30 CPU-minutes; resumable)
 #   make reproduce    every table of docs/reproduction.md, one command after another (several hours on 2 cores);
 #                     each command's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
@@ -29,11 +29,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 quickstart: $(VENV)/.installed
 	$(BIN)/lightning-fl fit --config configs/quickstart.yaml
 
+# Each bench job process sets its own torch thread count (cores / jobs): no OMP_NUM_THREADS needed.
 bench-quick: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2
+	$(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2
 
 bench: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2
+	$(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2
 
 # docs/reproduction.md, "Which command regenerates which table": one target per row, run in this order.
 REPRODUCE := reproduce-bench reproduce-foundation reproduce-attacks reproduce-grnn reproduce-model-defences \
@@ -51,8 +52,9 @@ $(OUT):
 	mkdir -p $@
 
 reproduce-bench:
-	{ $(RUN) $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2 && \
-	  $(RUN) $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2; } $(LOG)
+	{ $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_photos.yaml --quick --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2; } $(LOG)
 
 reproduce-foundation:
 	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml && \

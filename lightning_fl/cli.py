@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from lightning_fl.bench.command import bench_parser, prepare_bench
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, apply_defences
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
@@ -110,26 +111,10 @@ def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
     return build
 
 
-def _bench_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        description="Every attack against every defence on the same loop: a grid of short federated runs.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
-    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
-    parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
-    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
-    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
-    parser.add_argument(
-        "--report_only", action=ActionYesNo, default=False, help="Write the report from the finished cells; run none."
-    )
-    return parser
-
-
 SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
     "fit": _fit_parser,
     "attack": _attack_parser,
-    "bench": _bench_parser,
+    "bench": bench_parser,
     "validate": _evaluate_parser("validate"),
     "test": _evaluate_parser("test"),
 }
@@ -282,36 +267,10 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
     return prepare
 
 
-def _prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:
-    """Read and check a bench config; the returned call runs the grid and is the first to write."""
-    from lightning_fl.bench import cells, load_settings, run_bench
-
-    if cfg.jobs < 1:
-        raise ValueError(f"--jobs={cfg.jobs} must be >= 1.")
-    settings = load_settings(cfg.config, quick=cfg.quick)
-    output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
-    check_output_dir(output_dir)
-    for cell in cells(settings)[:1]:
-        cell.spec(settings)  # a defence or attack name missing from its section fails here, before any run
-    command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + f" --jobs {cfg.jobs}"
-
-    def bench() -> list[dict[str, Any]]:
-        return run_bench(
-            settings,
-            output_dir,
-            jobs=cfg.jobs,
-            command=command,
-            wandb_project=cfg.wandb_project,
-            report_only=cfg.report_only,
-        )
-
-    return bench
-
-
 RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
     "fit": _prepare_fit,
     "attack": _prepare_attack,
-    "bench": _prepare_bench,
+    "bench": prepare_bench,
     "validate": _prepare_evaluate("validate"),
     "test": _prepare_evaluate("test"),
 }
@@ -425,14 +384,12 @@ def _raise_terminated(*_: object) -> None:
     raise Terminated
 
 
-def _interrupted(err: BaseException | None = None) -> int:
+def _interrupted(err: BaseException | None = None, resume_hint: str | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first one
     what = "terminated" if isinstance(err, Terminated) else "interrupted"
-    print(
-        f"lightning-fl: {what}; a fit run continues from its last completed round with --resume true.",
-        file=sys.stderr,
-    )
+    hint = resume_hint or "a fit run continues from its last completed round with --resume true"
+    print(f"lightning-fl: {what}; {hint}.", file=sys.stderr)
     return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
 
 
@@ -473,10 +430,10 @@ def _main(args: list[str]) -> int:
     try:
         run()
     except KeyboardInterrupt as err:
-        return _interrupted(err)
+        return _interrupted(err, getattr(run, "resume_hint", None))
     except SystemExit as err:  # Lightning turns Ctrl+C inside Trainer.fit into sys.exit(1)
         if isinstance(err.__context__, KeyboardInterrupt):
-            return _interrupted(err.__context__)
+            return _interrupted(err.__context__, getattr(run, "resume_hint", None))
         raise
     except Exception as err:
         if os.environ.get(TRACEBACK_ENV) == "1":

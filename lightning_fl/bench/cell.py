@@ -1,8 +1,8 @@
-"""Run the cells of one federated run: a short run with every attack as a :class:`GradientLeakage` callback.
+"""Run a bench's two kinds of run: a defence's utility run, and the short attack run its cells share.
 
-The cells of one defence, leak point and seed differ only by the attack, and an attack only reads what the loop
-releases (its own copies, its own random generator), so one federated run serves all of them: each attack is
-one callback on the same run, and the run's training is paid once, not once per attack.
+The cells of one defence, threat model and seed differ only by the attack, and an attack only reads what the loop
+releases (its own copies, its own random generator), so one short federated run serves all of them: each attack is
+one :class:`GradientLeakage` callback on the same run, and the run's training is paid once, not once per attack.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import json
 import math
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_cells"]
+from lightning_fl.bench.experiment import build_loop, fit_spec, recorded_warnings
 
-_DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
+__all__ = ["METRICS", "failure", "run_attacks", "run_utility", "write_atomically"]
+
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
 
 
@@ -28,14 +28,11 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> dict[str, Any]:
-    """One cell's scores from its run's summary, whose ``attacks`` are this cell's attack entries only."""
-    attacks = [a for a in summary["attacks"] if a.get("readable", True)]
-    unreadable = len(summary["attacks"]) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
-    epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
+def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float) -> dict[str, Any]:
+    """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only)."""
+    attacks = [a for a in entries if a.get("readable", True)]
+    unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
     result: dict[str, Any] = {
-        "test_accuracy": summary["test_accuracy"],
-        "epsilon": epsilons[-1] if epsilons else None,
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
         "success_rate": _mean([float((a.get("ssim") or 0.0) >= spec["success_ssim"]) for a in attacks]),
         "attacked": len(attacks),
@@ -48,9 +45,28 @@ def _result(spec: Mapping[str, Any], summary: Mapping[str, Any], seconds: float)
     return result
 
 
-def failure(err: Exception) -> str:
-    """A failed cell's status: the exception, on one line."""
+def failure(err: BaseException) -> str:
+    """A failed run's status: the exception, on one line."""
     return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+    """Train one defence at the utility setting and return its test accuracy, ε and CPU seconds.
+
+    Returns:
+        ``test_accuracy``, ``epsilon`` (the last round's; ``None`` without a DP defence), ``rounds`` completed,
+        ``cpu_seconds`` and ``status``.
+    """
+    start = time.process_time()
+    summary = fit_spec(spec, output_dir)
+    epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
+    return {
+        "test_accuracy": summary["test_accuracy"],
+        "epsilon": epsilons[-1] if epsilons else None,
+        "rounds": summary["rounds_completed"],
+        "cpu_seconds": time.process_time() - start,
+        "status": "ok",
+    }
 
 
 def _leakage(*args: Any, **kwargs: Any) -> Any:
@@ -60,17 +76,17 @@ def _leakage(*args: Any, **kwargs: Any) -> Any:
     class IsolatedLeakage(GradientLeakage):
         error: str | None = None
 
-        def _attack_and_log(self, *a: Any, **kw: Any) -> None:
+        def attack_and_log(self, *a: Any, **kw: Any) -> None:
             if self.error is None:
                 try:
-                    super()._attack_and_log(*a, **kw)
+                    super().attack_and_log(*a, **kw)
                 except Exception as err:
                     self.error = failure(err)
 
     return IsolatedLeakage(*args, **kwargs)
 
 
-def _attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
+def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
     """The cell's attack, named after its bench key so that two settings of one attack class stay apart."""
     from lightning_fl.bench.grid import build, load_class
 
@@ -85,67 +101,52 @@ def _attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
     return attack
 
 
-def run_cells(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Train the federation shared by ``specs``, attack it with each spec's attack, and score every cell.
-
-    Args:
-        specs: attack name → :meth:`Cell.spec <lightning_fl.bench.grid.Cell.spec>` (plain data) of cells that
-            share the defence, leak point and seed (everything but the attack).
-        output_dir: the run directory (``summary.json``, ``curves.png``, one attack grid per attacked event).
-
-    Returns:
-        per attack name: test accuracy, ε (``None`` without a DP defence), the mean attack scores, the attack
-        success rate (share of attacked events with SSIM ≥ ``success_ssim``), the cell's share of the run's CPU
-        seconds and a status.
-    """
-    import lightning as L
-
-    from lightning_fl.bench.grid import build, load_class
-    from lightning_fl.datamodules import FederatedDataModule
-    from lightning_fl.federation import FederatedLoop
-
-    spec = next(iter(specs.values()))  # the run's settings: the same in every spec but the attack
-    seed = int(spec["seed"])
-    start = time.process_time()
-    L.seed_everything(seed, verbose=False)
-    data = FederatedDataModule(**{**spec["data"], "seed": seed})
-    data.setup()
-    model_type = load_class(spec["model"]["class_path"])
-    accepted = inspect.signature(model_type).parameters
-    links = {k: v for k, v in data.model_options.items() if k in _DATA_LINKS and k in accepted}  # as the CLI links
-    model = model_type(**{**links, **build(spec["model"].get("init_args") or {})})
+def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> tuple[Any, list[Any]]:
+    """The short run of ``specs`` (one cell per attack name, everything else shared) with one leakage callback per
+    attack; nothing is written yet."""
+    spec = next(iter(specs.values()))
     leakages = [
         _leakage(
-            _attack(cell_spec, name, seed),
+            build_attack(cell_spec, name, int(spec["seed"])),
             leak_point=spec["leak_point"],
             rounds=spec["attack_rounds"],
             max_images=spec["max_images"],
         )
         for name, cell_spec in specs.items()
     ]
+    return build_loop(spec, output_dir, callbacks=leakages), leakages
+
+
+def run_attacks(
+    specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path, *, trained: str | Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """Run the attack run shared by ``specs``, attack it with each spec's attack, and score every cell.
+
+    Args:
+        specs: attack name → :meth:`Cell.spec <lightning_fl.bench.grid.Cell.spec>` (plain data) of cells that
+            share the defence, threat model and seed (everything but the attack).
+        output_dir: the run directory (``summary.json``, one attack grid per attacked event).
+        trained: the utility run's ``global_model.safetensors`` to start from (a trained-model threat model);
+            ``None`` starts from the seed's initial model.
+
+    Returns:
+        per attack name: the mean attack scores, the attack success rate (share of attacked events with SSIM ≥
+        ``success_ssim``), the cell's share of the run's CPU seconds and a status.
+    """
+    from lightning_fl.federation.export import load_global_model
+
+    start = time.process_time()
     output_dir = Path(output_dir)
-    loop = FederatedLoop(
-        model,
-        data,
-        defences=build(spec["defences"]),
-        callbacks=leakages,
-        client_callbacks=build(spec["client_callbacks"]),
-        output_dir=output_dir,
-        seed=seed,
-        checkpoint=False,
-        progress_bar=False,
-        **{k: build(v) for k, v in spec["loop"].items()},
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings(output_dir / "warnings.txt"):
+        loop, leakages = attack_loop(specs, output_dir)
+        if trained is not None:
+            load_global_model(loop.global_model, trained)
         summary = loop.fit()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "warnings.txt").write_text("".join(f"{w.message}\n" for w in caught))
     share = (time.process_time() - start) / len(specs)
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
-        own = {**summary, "attacks": [a for a in summary["attacks"] if a["attack"] == name]}
-        results[name] = {"status": leakage.error} if leakage.error else _result(cell_spec, own, share)
+        own = [a for a in summary["attacks"] if a["attack"] == name]
+        results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share)
     return results
 
 

@@ -1,8 +1,10 @@
-"""``lightning-fl bench``: run every cell of the grid (in parallel, resumably) and write the report.
+"""``lightning-fl bench``: run the utility runs and the attack runs of the grid (in parallel, resumably) and report.
 
-The unit of work is a federated run: the cells still to run that share a defence, leak point and seed, each attack
-a callback of that one run (:func:`~lightning_fl.bench.cell.run_cells`). Worker processes are started once and
-kept for the whole grid, so torch and Lightning are imported once per worker, not once per run.
+Two kinds of work: one utility run per defence and seed (:func:`~lightning_fl.bench.cell.run_utility`), and one
+short attack run per defence, threat model and seed, every attack a callback of it
+(:func:`~lightning_fl.bench.cell.run_attacks`). An attack run of a ``trained`` threat model starts from its
+utility run's final global model, so it is queued when that run has finished. Worker processes are started once
+and kept for the whole grid, and each sets its torch thread count to its share of the cores.
 """
 
 from __future__ import annotations
@@ -14,30 +16,56 @@ import resource
 import signal
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from lightning_fl.bench import report
-from lightning_fl.bench.cell import failure, run_cells, write_atomically
-from lightning_fl.bench.grid import Cell, cells, fingerprint
+from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
+from lightning_fl.bench.grid import Cell, Utility, cells, fingerprint, utilities
 
-__all__ = ["run_bench"]
+__all__ = ["available_cores", "run_bench", "threads_per_job"]
+
+_PRINT = partial(print, flush=True)  # progress lines appear as they happen, also in a log file
+_GLOBAL_MODEL = "global_model.safetensors"  # lightning_fl.federation.export.GLOBAL_MODEL_FILE, without importing torch
 
 
-def _run_group(specs: dict[str, dict[str, Any]], output_dir: str) -> dict[str, dict[str, Any]]:
-    """One federated run in a worker: its cells' results, or its failure as their status (one failing run never
-    stops the grid)."""
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_job(jobs: int, cores: int | None = None) -> int:
+    """Torch threads for each of ``jobs`` processes sharing ``cores``: an equal share, at least one.
+
+    Two jobs each running torch's default (one thread per core) fight for the same cores: on 2 cores a quick
+    bench ran ~8x slower than with one thread per job.
+
+    Example:
+        >>> threads_per_job(2, cores=2), threads_per_job(3, cores=16), threads_per_job(4, cores=2)
+        (1, 5, 1)
+    """
+    return max(1, (available_cores() if cores is None else cores) // jobs)
+
+
+def _run(kind: str, payload: Any, output_dir: str, trained: str | None = None) -> Any:
+    """One run in a worker: its result, or its failure as its status (one failing run never stops the grid)."""
     os.environ.setdefault("WANDB_MODE", "offline")
     try:
-        return run_cells(specs, Path(output_dir))
+        if kind == "utility":
+            return run_utility(payload, Path(output_dir))
+        return run_attacks(payload, Path(output_dir), trained=trained)
     except Exception as err:
-        return {name: {"status": failure(err)} for name in specs}
+        return {"status": failure(err)} if kind == "utility" else {name: {"status": failure(err)} for name in payload}
 
 
-def _worker_signals() -> None:
-    """In a worker: Ctrl+C is the main process's to handle (it stops the workers), and SIGTERM is not turned into the
-    command's exception, which the pool would survive."""
+def _worker_init(threads: int) -> None:
+    """In a worker: its share of the cores; Ctrl+C is the main process's to handle (it stops the workers), and
+    SIGTERM is not turned into the command's exception, which the pool would survive."""
+    import torch
+
+    torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -55,6 +83,51 @@ def _done(path: Path, digest: str) -> dict[str, Any] | None:
     return stored if stored.get("fingerprint") == digest else None
 
 
+def _stored(runs: list[Any], settings: Mapping[str, Any], folder: Path) -> tuple[dict[str, Any], list[Any]]:
+    """The results of ``runs`` finished with their current settings (by key), and the others with their spec and
+    fingerprint."""
+    done: dict[str, Any] = {}
+    todo: list[Any] = []
+    for run in runs:
+        spec = run.spec(settings)
+        digest = fingerprint(spec)
+        stored = _done(folder / f"{run.key}.json", digest)
+        if stored is not None:
+            done[run.key] = stored
+        else:
+            todo.append((run, spec, digest))
+    return done, todo
+
+
+class _Executor:
+    """``jobs`` worker processes, or this process when ``jobs`` is 1 (the same calls, run at once)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.pool = (
+            ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(threads_per_job(jobs),))
+            if jobs > 1
+            else None
+        )
+
+    def submit(self, *args: Any) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(_run, *args)
+        future: Future = Future()
+        future.set_result(_run(*args))
+        return future
+
+    def stop(self) -> None:
+        """Drop the queued runs and stop the running ones (Ctrl+C or SIGTERM); finished results stay."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():  # the pool's workers: this process starts no others
+                worker.kill()  # not SIGTERM: a Trainer in the worker catches that to stop at its next batch
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
 def run_bench(
     settings: Mapping[str, Any],
     output_dir: str | Path,
@@ -63,81 +136,107 @@ def run_bench(
     command: str = "lightning-fl bench",
     wandb_project: str | None = None,
     report_only: bool = False,
-    print_: Callable[[str], None] = print,
+    print_: Callable[[str], None] = _PRINT,
 ) -> list[dict[str, Any]]:
-    """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md``, ``scatter.png`` and ``heatmap.png``.
+    """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
 
-    Each finished cell is stored in ``output_dir/cells/<cell>.json`` (written atomically, with a fingerprint of
-    its settings); a cell whose file exists with the same fingerprint is not re-run, so an interrupted bench
-    continues where it stopped. The cells still to run are grouped into federated runs (one per defence, leak point
-    and seed, every attack a callback of it); ``jobs > 1`` runs these in that many worker processes.
+    Each finished run is stored in ``output_dir/utility/<run>.json`` or ``output_dir/cells/<cell>.json`` (written
+    atomically, with a fingerprint of its settings); one whose file exists with the same fingerprint is not re-run,
+    so an interrupted bench continues where it stopped when the same command runs again. ``jobs > 1`` runs the
+    utility and attack runs in that many worker processes.
 
-    With ``report_only`` nothing runs: the report is written from the cells finished so far (a stopped bench's
+    With ``report_only`` nothing runs: the report is written from the runs finished so far (a stopped bench's
     partial table), and the number of cells it lacks is printed.
 
     Returns:
-        the summary rows (one per defence × attack × leak point).
+        the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
+        a run of it failed.
     """
     output_dir = Path(output_dir)
+    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
-    results: dict[str, dict[str, Any]] = {}
-    runs: dict[tuple[str, str, int], list[tuple[Cell, dict[str, Any], str]]] = {}
-    for cell in grid:
-        spec = cell.spec(settings)
-        digest = fingerprint(spec)
-        stored = _done(output_dir / "cells" / f"{cell.key}.json", digest)
-        if stored is not None:
-            results[cell.key] = stored
-        else:
-            runs.setdefault((cell.defence, cell.leak_point, cell.seed), []).append((cell, spec, digest))
-    todo = sum(len(group) for group in runs.values())
+    results, todo_cells = _stored(grid, settings, output_dir / "cells")
+    groups: dict[tuple[str, str, int], list[tuple[Cell, dict[str, Any], str]]] = {}
+    for cell, spec, digest in todo_cells:
+        groups.setdefault((cell.defence, cell.threat_model, cell.seed), []).append((cell, spec, digest))
+    todo = sum(len(group) for group in groups.values())
     print_(
-        f"bench: {len(grid)} cells, {len(grid) - todo} already done, {todo} to run in {len(runs)} federated "
-        f"run(s) with {jobs} job(s)"
+        f"bench: {len(todo_utility)} of {len(utility) + len(todo_utility)} utility run(s) and {todo} of {len(grid)} "
+        f"attack cells to run ({len(grid) - todo} already done) in {len(groups)} attack run(s), with {jobs} job(s)"
     )
     started = time.perf_counter()
     if report_only:
         print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
         command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""
-        runs = {}
+        todo_utility, groups = [], {}
 
-    def finish(group: list[tuple[Cell, dict[str, Any], str]], outcome: dict[str, dict[str, Any]]) -> None:
-        for cell, _, digest in group:
+    def finish_utility(run: Utility, digest: str, result: dict[str, Any]) -> None:
+        entry = {**vars(run), **result, "fingerprint": digest}
+        if result["status"] == "ok":
+            write_atomically(output_dir / "utility" / f"{run.key}.json", entry)
+        utility[run.key] = entry
+        print_(
+            f"  utility {run.key}: {result['status']} (acc {result.get('test_accuracy')}, ε {result.get('epsilon')})"
+        )
+
+    def finish_cells(group: list[tuple[Cell, dict[str, Any], str]], outcome: dict[str, dict[str, Any]]) -> None:
+        for cell, spec, digest in group:
             result = outcome[cell.attack]
-            entry = {**vars(cell), **result, "fingerprint": digest}
+            entry = {**vars(cell), "leak_point": spec["leak_point"], **result, "fingerprint": digest}
             if result["status"].startswith("ok"):
                 write_atomically(output_dir / "cells" / f"{cell.key}.json", entry)
             results[cell.key] = entry
-            print_(f"  {cell.key}: {result['status']} (acc {result.get('test_accuracy')}, psnr {result.get('psnr')})")
+            print_(f"  {cell.key}: {result['status']} (psnr {result.get('psnr')})")
 
-    work = [
-        (group, {cell.attack: spec for cell, spec, _ in group}, str(output_dir / "runs" / f"{d}__{lp}__s{seed}"))
-        for (d, lp, seed), group in sorted(runs.items(), key=lambda run: run[0][2])
-    ]  # seed by seed: a stopped bench has every defence of the first seeds, and resumes with the rest
-    if jobs > 1 and len(work) > 1:
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals)
-        try:
-            futures = {pool.submit(_run_group, specs, run_dir): group for group, specs, run_dir in work}
-            for future in as_completed(futures):
-                finish(futures[future], future.result())
-        except BaseException:  # Ctrl+C or SIGTERM: drop the queued runs and stop the running ones; finished cells stay
-            pool.shutdown(wait=False, cancel_futures=True)
-            for worker in multiprocessing.active_children():  # the pool's workers: this process starts no others
-                worker.kill()  # not SIGTERM: a Trainer in the worker catches that to stop at its next batch
-            raise
-        pool.shutdown()
-    else:
-        for group, specs, run_dir in work:
-            finish(group, _run_group(specs, run_dir))
-    ordered = [results[c.key] for c in grid if c.key in results]
-    rows = report.summarise(ordered)
+    def submit_group(executor: _Executor, key: tuple[str, str, int]) -> Future:
+        group = groups[key]
+        cell = group[0][0]
+        trained = None
+        if group[0][1]["trained_from"] is not None:
+            trained = str(output_dir / "runs" / "utility" / cell.utility.key / _GLOBAL_MODEL)
+        run_dir = str(output_dir / "runs" / f"{cell.defence}__{cell.threat_model}__s{cell.seed}")
+        return executor.submit("attack", {c.attack: spec for c, spec, _ in group}, run_dir, trained)
+
+    executor = _Executor(jobs)
+    pending: dict[Future, Any] = {}
+    try:
+        for run, spec, digest in todo_utility:
+            pending[executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key))] = (run, digest)
+        waiting: dict[str, list[tuple[str, str, int]]] = {}  # utility run key -> trained-model attack runs after it
+        for key, group in sorted(groups.items(), key=lambda item: item[0][2]):
+            cell, spec = group[0][0], group[0][1]
+            if spec["trained_from"] is not None and cell.utility.key not in utility:
+                waiting.setdefault(cell.utility.key, []).append(key)
+            else:
+                pending[submit_group(executor, key)] = key
+        while pending:
+            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for future in finished:
+                job = pending.pop(future)
+                if isinstance(job[0], Utility):
+                    run, digest = job
+                    finish_utility(run, digest, future.result())
+                    for key in waiting.pop(run.key, []):
+                        if utility[run.key]["status"] == "ok":
+                            pending[submit_group(executor, key)] = key
+                        else:
+                            names = {c.attack: {"status": "failed: its utility run failed"} for c, _, _ in groups[key]}
+                            finish_cells(groups[key], names)
+                else:
+                    finish_cells(groups[job], future.result())
+    except BaseException:
+        executor.stop()
+        raise
+    executor.close()
+    rows = report.summarise([results[c.key] for c in grid if c.key in results], utility)
     output_dir.mkdir(parents=True, exist_ok=True)
+    bound = float(settings.get("epsilon_bound", 10.0))
     pictures = [
-        report.write_scatter(rows, output_dir / "scatter.png"),
+        report.write_scatter(rows, output_dir / "privacy_utility.png", epsilon_bound=bound),
         report.write_heatmap(rows, output_dir / "heatmap.png"),
     ]
     report.write_csv(rows, output_dir / "bench.csv")
-    report.write_markdown(rows, output_dir / "bench.md", command=command)
+    report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound)
     if wandb_project is not None:
         report.log_to_wandb(rows, pictures, project=wandb_project, output_dir=output_dir)
     print_(

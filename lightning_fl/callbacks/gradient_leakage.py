@@ -108,19 +108,21 @@ class GradientLeakage(FederatedCallback):
 
     @override
     def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self._attack_and_log(loop, view, ground_truth, step=view.metadata["step"])
+        self.attack_and_log(loop, view, ground_truth, step=view.metadata["step"])
 
     @override
     def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self._attack_and_log(loop, view, ground_truth)
+        self.attack_and_log(loop, view, ground_truth)
 
     @override
     def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self._attack_and_log(loop, view, ground_truth)
+        self.attack_and_log(loop, view, ground_truth)
 
-    def _attack_and_log(
+    def attack_and_log(
         self, loop: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
     ) -> None:
+        """Attack one view, score it against ``ground_truth`` and log the entry (what every hook of the callback
+        does); a subclass may wrap it, e.g. to record an attack's failure instead of stopping the run."""
         client = view.metadata.get("client_id")
         name = getattr(self.attack, "name", type(self.attack).__name__)
         if not view.tensors:  # the server reads nothing here (Paillier ciphertexts): the defence's result, recorded

@@ -1,39 +1,37 @@
-"""``lightning-fl bench`` on a 2 x 2 mini-grid: the table, the pictures, resuming, and a real defence effect."""
+"""``lightning-fl bench`` on a mini-grid: utility runs, threat models, the table, resuming and a real defence effect."""
 
 from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
-import pytest
 import torch
 import yaml
-from PIL import Image
 
 from lightning_fl.attacks import DLGAttack
-from lightning_fl.bench import cells, load_settings, run_bench
-from lightning_fl.bench.cell import _result
+from lightning_fl.bench import Utility, cells, load_settings, run_bench, utilities
+from lightning_fl.bench.cell import _scores, run_utility
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
 from lightning_fl.messages import ServerView
-from tests.wandb_offline import offline_run
 
-_DLG = {"class_path": "lightning_fl.attacks.DLGAttack", "init_args": {"max_iterations": 60}}
-_MINI = {
+_IG = {"class_path": "lightning_fl.attacks.InvertingGradientsAttack", "init_args": {"max_iterations": 200}}
+_B1 = {"leak_point": "local_gradient", "data": {"batch_size": 1}}
+MINI = {
     "seeds": [0],
-    "leak_points": ["local_gradient"],
-    "attack_rounds": [0],
-    "max_images": 1,
-    "data": {"dataset": "digits", "num_clients": 4, "partition": "iid", "batch_size": 1, "image_size": 16},
+    "data": {"dataset": "digits", "num_clients": 4, "partition": "iid", "batch_size": 16, "image_size": 16},
     "model": {
         "class_path": "lightning_fl.models.ImageClassifier",
-        "init_args": {"backbone": "lenet_dlg", "optimizer": "sgd", "lr": 0.05},
+        "init_args": {"backbone": "lenet_dlg", "optimizer": "adam", "lr": 0.002},
     },
-    "loop": {"num_rounds": 1, "clients_per_round": 1, "local_steps": 2, "trainer": {"accelerator": "cpu"}},
-    "attacks": {
-        "dlg": _DLG,
-        "ig": {"class_path": "lightning_fl.attacks.InvertingGradientsAttack", "init_args": {"max_iterations": 200}},
+    "loop": {"num_rounds": 2, "clients_per_round": 2, "local_steps": 4, "trainer": {"accelerator": "cpu"}},
+    "attack_run": {
+        "model": {"init_args": {"optimizer": "sgd", "lr": 0.05}},
+        "loop": {"num_rounds": 1, "clients_per_round": 1, "local_steps": 1, "eval_every": 0},
     },
+    "threat_models": {"fedsgd_b1": _B1, "fedsgd_b1_trained": {**_B1, "trained": True}},
+    "attacks": {"ig": _IG},
     "defences": {
         "none": {},
         "fed_cdp": {"defences": [{"class_path": "lightning_fl.defences.FedCDP", "init_args": {"max_grad_norm": 4.0}}]},
@@ -41,79 +39,67 @@ _MINI = {
 }
 
 
-def test_mini_grid_writes_table_pictures_and_resumes(tmp_path) -> None:
+def test_mini_grid_reports_utility_per_defence_and_a_threat_model_column_and_resumes(tmp_path) -> None:
     lines: list[str] = []
-    rows = run_bench(_MINI, tmp_path, print_=lines.append)
+    rows = run_bench(MINI, tmp_path, print_=lines.append)
+    assert "2 of 2 utility run(s) and 4 of 4 attack cells" in lines[0]
     table = list(csv.DictReader((tmp_path / "bench.csv").open()))
-    assert [(r["defence"], r["attack"]) for r in table] == [
-        ("none", "dlg"),
-        ("none", "ig"),
-        ("fed_cdp", "dlg"),
-        ("fed_cdp", "ig"),
+    assert [(r["defence"], r["threat_model"], r["leak_point"]) for r in table] == [
+        ("none", "fedsgd_b1", "local_gradient"),
+        ("none", "fedsgd_b1_trained", "local_gradient"),
+        ("fed_cdp", "fedsgd_b1", "local_gradient"),
+        ("fed_cdp", "fedsgd_b1_trained", "local_gradient"),
     ]
-    none, cdp = rows[1], rows[3]  # Inverting Gradients (Geiping et al., 2020)
-    assert none["psnr_mean"] > 25.0 and none["label_accuracy_mean"] == 1.0 and none["epsilon_mean"] is None
-    assert cdp["psnr_mean"] < 15.0 and cdp["epsilon_mean"] > 0  # per-example clipping + noise hides the image
-    assert none["success_rate_mean"] == 1.0 and cdp["success_rate_mean"] == 0.0
-    assert all(0.0 <= float(r["test_accuracy_mean"]) <= 1.0 for r in table)
+    for defence in ("none", "fed_cdp"):  # every attack row of a defence reports its utility run
+        stored = json.loads((tmp_path / "utility" / f"{defence}__s0.json").read_text())
+        assert {float(r["test_accuracy_mean"]) for r in table if r["defence"] == defence} == {stored["test_accuracy"]}
+        assert {int(r["utility_rounds"]) for r in table if r["defence"] == defence} == {2}
+    none, none_trained, cdp, _ = rows  # Inverting Gradients (Geiping et al., 2020) at one image
+    assert none["psnr_mean"] > 25.0 and none["epsilon_mean"] is None and none["success_rate_mean"] == 1.0
+    assert none_trained["psnr_mean"] > 20.0  # the trained model still leaks the image
+    assert cdp["psnr_mean"] < 15.0 and cdp["epsilon_mean"] > 0 and cdp["success_rate_mean"] == 0.0
+    assert (tmp_path / "runs" / "utility" / "none__s0" / "global_model.safetensors").exists()
     markdown = (tmp_path / "bench.md").read_text()
-    assert "| fed_cdp | ig | local_gradient |" in markdown
-    for name in ("scatter.png", "heatmap.png"):
-        assert Image.open(tmp_path / name).format == "PNG"
-    stored = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").glob("*.json")}
-    assert len(stored) == 4 and (tmp_path / "runs" / "none__local_gradient__s0" / "curves.png").exists()
-    assert "4 to run in 2 federated run(s)" in lines[0]  # one run per defence: both attacks are its callbacks
+    assert "Threat model `fedsgd_b1_trained` (leak point local_gradient)" in markdown
     assert any(line.startswith("bench: wall") and "CPU" in line for line in lines)
 
     lines.clear()
-    run_bench(_MINI, tmp_path, print_=lines.append, wandb_project="bench")  # resumed: nothing re-runs
-    assert "4 already done, 0 to run" in lines[0]
-    (row,) = offline_run(tmp_path)["history"]
-    assert row["bench/nrows"] == 4 and row["scatter/_type"] == row["heatmap/_type"] == "image-file"
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").glob("*.json")} == stored
-
-    changed = {**_MINI, "attacks": {**_MINI["attacks"], "dlg": {**_DLG, "init_args": {"max_iterations": 61}}}}
+    run_bench(MINI, tmp_path, print_=lines.append)  # resumed: nothing re-runs
+    assert "0 of 2 utility run(s) and 0 of 4 attack cells" in lines[0]
+    longer = {**MINI, "loop": {**MINI["loop"], "num_rounds": 3}}  # a new utility setting re-runs the trained cells
     lines.clear()
-    partial = run_bench(changed, tmp_path, print_=lines.append, report_only=True)  # the changed cells do not count
-    assert "2 are missing" in lines[1] and [(r["defence"], r["attack"]) for r in partial] == [
-        ("none", "ig"),
-        ("fed_cdp", "ig"),
-    ]
-    assert "with 2 of 4 cells finished" in (tmp_path / "bench.md").read_text()
-    lines.clear()
-    run_bench(changed, tmp_path, print_=lines.append)  # changed settings: only those cells re-run
-    assert "2 already done, 2 to run" in lines[0]
-    again = {p.name: json.loads(p.read_text()) for p in (tmp_path / "cells").glob("*.json")}
-    for defence in ("none", "fed_cdp"):  # the re-run without IG trains the same federation as the first run
-        dlg, ig = again[f"{defence}__dlg__local_gradient__s0.json"], again[f"{defence}__ig__local_gradient__s0.json"]
-        assert dlg["test_accuracy"] == ig["test_accuracy"]
+    partial = run_bench(longer, tmp_path, print_=lines.append, report_only=True)
+    assert "2 are missing" in lines[1] and [r["threat_model"] for r in partial] == ["fedsgd_b1", "fedsgd_b1"]
 
 
-def test_quick_preset_is_the_issue_grid() -> None:
+def test_the_none_utility_run_equals_lightning_fl_fit_of_the_same_settings(tmp_path) -> None:
+    settings = {**MINI, "data": {**MINI["data"], "partition": "dirichlet", "alpha": 0.5}}
+    spec = Utility("none", 0).spec(settings)
+    bench = run_utility(spec, tmp_path / "bench")
+    config = {key: settings[key] for key in ("data", "model", "loop")}
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump({**config, "seed_everything": 0}))
+    assert main(["fit", "-c", str(tmp_path / "fit.yaml"), "--output_dir", str(tmp_path / "fit")]) == 0
+    fit = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    assert bench["test_accuracy"] == fit["test_accuracy"] and bench["rounds"] == fit["rounds_completed"] == 2
+
+
+def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_setting() -> None:
     settings = load_settings("configs/bench_digits.yaml", quick=True)
+    quickstart = yaml.safe_load(Path("configs/quickstart.yaml").read_text())
+    for key in ("num_rounds", "clients_per_round", "local_epochs"):
+        assert settings["loop"][key] == quickstart["loop"][key]
+    assert settings["data"]["batch_size"] == quickstart["data"]["batch_size"] == 32
+    threats = settings["threat_models"]
+    assert len(threats) >= 3 and max(t.get("data", {}).get("batch_size", 32) for t in threats.values()) >= 8
+    assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
+    assert any(t.get("trained") for t in threats.values())
     grid = cells(settings)
-    assert len(settings["attacks"]) >= 5 and len(settings["defences"]) >= 10
-    everywhere = [a for a in settings["attacks"] if "applies_to" not in settings["attacks"][a]]
-    assert len(everywhere) >= 4
-    inversion = [(c.defence, c.leak_point) for c in grid if c.attack == "colluding_mi"]  # only with private layers
-    assert {d for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"} and len(inversion) == 4
-    assert len(grid) == (len(everywhere) * len(settings["defences"]) + 2) * len(settings["leak_points"])
-    assert settings["attacks"]["dlg"]["class_path"] == "lightning_fl.attacks.DLGAttack"  # merged, not replaced
+    inversion = {(c.defence, c.threat_model) for c in grid if c.attack == "colluding_mi"}  # only private layers
+    assert {d for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"}
+    assert len(utilities(settings)) == len(settings["defences"])
     full = load_settings("configs/bench_digits.yaml")
-    assert len(full["seeds"]) >= 3 and full["loop"]["num_rounds"] > settings["loop"]["num_rounds"]
+    assert len(full["seeds"]) >= 3 and full["loop"] == settings["loop"]  # the same utility runs, more seeds
     assert full["attacks"]["grnn"]["init_args"]["iterations"] > settings["attacks"]["grnn"]["init_args"]["iterations"]
-
-
-def test_bench_rejects_a_bad_config_before_writing(tmp_path, capsys) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**_MINI, "only": {"attacks": ["dlgg"]}, "output_dir": str(tmp_path / "out")}))
-    assert main(["bench", "-c", str(bad)]) == 2
-    scoped = {**_MINI, "attacks": {"dlg": {**_DLG, "applies_to": ["nonee"]}}, "output_dir": str(tmp_path / "out")}
-    bad.write_text(yaml.safe_dump(scoped))
-    assert main(["bench", "-c", str(bad)]) == 2
-    assert "attacks.dlg.applies_to names ['nonee']" in capsys.readouterr().err
-    assert main(["bench", "-c", "configs/bench_digits.yaml", "--jobs", "0"]) == 2
-    assert not (tmp_path / "out").exists()
 
 
 class _RecordingLoop:
@@ -132,25 +118,14 @@ def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
     loop = _RecordingLoop()
     leakage.on_client_update(loop, view, None)  # an attack on it would raise: nothing is intercepted
     assert [a["readable"] for a in loop.attacks] == [False]
-    summary = {"attacks": loop.attacks, "history": [], "test_accuracy": 0.9}
-    result = _result({"success_ssim": 0.6}, summary, 1.0)
+    result = _scores({"success_ssim": 0.6}, loop.attacks, 1.0)
     assert result["unreadable"] == 1 and result["attacked"] == 0 and result["success_rate"] == 0.0
 
 
-@pytest.mark.slow
-def test_cells_run_in_worker_processes(tmp_path) -> None:
-    run_bench({**_MINI, "attacks": {"dlg": _DLG}}, tmp_path, jobs=2)
-    cell = json.loads((tmp_path / "cells" / "fed_cdp__dlg__local_gradient__s0.json").read_text())
-    assert cell["status"] == "ok" and cell["epsilon"] > 0
-
-
-def test_a_failing_attack_fails_its_own_cell_not_the_run_it_shares(tmp_path) -> None:
-    inversion = {"class_path": "lightning_fl.attacks.ColludingClientInversion", "init_args": {"iterations": 5}}
-    settings = {**_MINI, "defences": {"none": {}}, "attacks": {"mi": inversion, "dlg": _DLG}}
-    lines: list[str] = []
-    run_bench(settings, tmp_path, print_=lines.append)  # no private layers: the inversion has no cut to invert
-    assert "2 to run in 1 federated run(s)" in lines[0]
-    status = {line.split(":")[0].strip(): line for line in lines[1:3]}
-    assert "failed: ValueError" in status["none__mi__local_gradient__s0"] and "no private module" in "".join(lines)
-    assert status["none__dlg__local_gradient__s0"].split(": ")[1].startswith("ok")
-    assert [p.name for p in (tmp_path / "cells").glob("*.json")] == ["none__dlg__local_gradient__s0.json"]
+def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
+    settings = load_settings("configs/bench_photos.yaml", quick=True)
+    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photos", 32)
+    assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
+    threats = settings["threat_models"]
+    assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
+    assert any(t.get("trained") for t in threats.values()) and len(threats) >= 3

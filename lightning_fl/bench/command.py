@@ -1,0 +1,154 @@
+"""The ``lightning-fl bench`` subcommand: its arguments, the grid selection flags and the checks before any run.
+
+Every run of the grid (each defence's utility run, each defence × threat model attack run with all its attacks) is
+built once before anything trains or is written, so a broken grid (a bad ``class_path``, a loop key typo, an
+unknown leak point, an attack round the run does not have) exits with 2 and one line naming the run and the key.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ActionYesNo, ArgumentParser, Namespace
+
+from lightning_fl.bench.grid import SELECTABLE, applies, load_settings, select, utilities
+
+__all__ = ["RESUME_HINT", "bench_parser", "check_grid", "prepare_bench"]
+
+RESUME_HINT = "a bench continues from its finished runs when the same command runs again"
+"""What an interrupted bench prints: its finished runs are kept (``cells/``, ``utility/``), the rest re-run."""
+
+
+def bench_parser() -> ArgumentParser:
+    """The arguments of ``lightning-fl bench``."""
+    parser = ArgumentParser(
+        description="Every attack against every defence on the same loop: utility runs and short attack runs.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
+    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs go to this many worker processes.")
+    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
+    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
+    parser.add_argument(
+        "--report_only", action=ActionYesNo, default=False, help="Write the report from the finished runs; run none."
+    )
+    parser.add_argument(
+        "--data.root", type=str | None, default=None, help="Where torchvision data sets are (overrides data.root)."
+    )
+    for axis in SELECTABLE:
+        parser.add_argument(
+            f"--{axis}", type=str | None, default=None, help=f"Comma-separated {axis} of the config to run (all)."
+        )
+    return parser
+
+
+def _selected(settings: dict[str, Any], cfg: Namespace) -> tuple[dict[str, Any], str]:
+    """``settings`` trimmed by the selection flags, and those flags as they go into the command line."""
+    flags = ""
+    for axis in SELECTABLE:
+        value = cfg.get(axis)
+        if value is None:
+            continue
+        keep: list[Any] = [v.strip() for v in str(value).split(",") if v.strip()]
+        if axis == "seeds":
+            try:
+                keep = [int(v) for v in keep]
+            except ValueError:
+                raise ValueError(f"--seeds {value}: give comma-separated integers, e.g. --seeds 0,1.") from None
+        settings = select(settings, axis, keep)
+        flags += f" --{axis} {value}"
+    return settings, flags
+
+
+def _check_run(where: str, build: Callable[[], Any]) -> Any:
+    try:
+        return build()
+    except Exception as err:
+        message = " ".join(str(err).split())
+        raise ValueError(f"bench {where}: {type(err).__name__}: {message}; fix it in the config.") from None
+
+
+def check_grid(settings: Mapping[str, Any]) -> None:
+    """Build every run of the grid (data, model, defences, attacks, loop) without training it.
+
+    Seeds do not change what a run is made of, so each defence's utility run and each defence × threat model
+    attack run is built once, with the first seed.
+
+    Raises:
+        ValueError: one line naming the run (defence, threat model) and the error of the part that rejected it.
+    """
+    from lightning_fl.bench.cell import attack_loop
+    from lightning_fl.bench.experiment import build_loop
+    from lightning_fl.bench.grid import Cell
+
+    seed = int(settings["seeds"][0])
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the runs' own warnings go to their warnings.txt when they run
+        unwritten = Path(tmp) / "never-written"
+        for run in utilities({**settings, "seeds": [seed]}):
+            _check_run(
+                f"utility run of defences.{run.defence}", lambda run=run: build_loop(run.spec(settings), unwritten)
+            )
+        for defence in settings["defences"]:
+            for threat_model, threat in settings["threat_models"].items():
+                attacks = [a for a in settings["attacks"] if applies(settings, a, defence)]
+                specs = {a: Cell(defence, a, threat_model, seed).spec(settings) for a in attacks}
+                if not specs:
+                    continue
+                where = f"attack run of defences.{defence} under threat_models.{threat_model}"
+                loop, _ = _check_run(where, lambda specs=specs: attack_loop(specs, unwritten))
+                rounds = sorted(r for r in next(iter(specs.values()))["attack_rounds"] if not 0 <= r < loop.num_rounds)
+                if rounds:
+                    key = (
+                        f"threat_models.{threat_model}.attack_rounds" if "attack_rounds" in threat else "attack_rounds"
+                    )
+                    raise ValueError(
+                        f"{key} has {rounds}, which the attack run never reaches: its loop.num_rounds="
+                        f"{loop.num_rounds} gives rounds 0..{loop.num_rounds - 1}."
+                    )
+
+
+def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:
+    """Read, trim and check a bench config; the returned call runs the grid and is the first to write.
+
+    The call's ``resume_hint`` is what the command prints when the bench is interrupted.
+    """
+    from lightning_fl.bench.runner import run_bench
+    from lightning_fl.validation import check_output_dir
+
+    if cfg.jobs < 1:
+        raise ValueError(f"--jobs={cfg.jobs} must be >= 1.")
+    settings, flags = _selected(load_settings(cfg.config, quick=cfg.quick), cfg)
+    if cfg.data.root is not None:
+        settings = {**settings, "data": {**settings["data"], "root": cfg.data.root}}
+        flags += f" --data.root {cfg.data.root}"
+    output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
+    check_output_dir(output_dir)
+    if not cfg.report_only:
+        check_grid(settings)
+    command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + flags + f" --jobs {cfg.jobs}"
+
+    def bench() -> list[dict[str, Any]]:
+        rows = run_bench(
+            settings,
+            output_dir,
+            jobs=cfg.jobs,
+            command=command,
+            wandb_project=cfg.wandb_project,
+            report_only=cfg.report_only,
+        )
+        failed = [f"{r['defence']}/{r['attack']}/{r['threat_model']}" for r in rows if "failed" in r["status"]]
+        if failed:
+            raise RuntimeError(
+                f"{len(failed)} bench row(s) failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}); "
+                f"their status is in {output_dir / 'bench.md'}"
+            )
+        return rows
+
+    bench.resume_hint = f"{RESUME_HINT}: {command}"  # type: ignore[attr-defined]
+    return bench

@@ -1,0 +1,104 @@
+"""One federated experiment from plain settings: the builder every bench run and benchmark script shares.
+
+A spec holds the parts of a ``lightning-fl fit`` config as plain data (``data``, ``model``, ``loop``,
+``defences``, ``client_callbacks``, ``seed``); :func:`build_loop` turns it into a :class:`FederatedLoop` the way
+the command does (seed first, data built and linked into the model's data options, the defences applied by the
+loop), so a run built here trains exactly as ``lightning-fl fit`` with the same settings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_fl.bench.grid import build, load_class
+
+if TYPE_CHECKING:
+    from lightning_fl.callbacks.base import FederatedCallback
+    from lightning_fl.federation import FederatedLoop
+
+__all__ = ["build_loop", "fit_spec", "recorded_warnings"]
+
+_DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
+"""The data options the command links into a model's ``init_args`` (when the model accepts them)."""
+
+
+def build_loop(
+    spec: Mapping[str, Any],
+    output_dir: str | Path,
+    *,
+    callbacks: Sequence[FederatedCallback] = (),
+    checkpoint: bool = False,
+    progress_bar: bool = False,
+) -> FederatedLoop:
+    """The federated run of ``spec``, built as ``lightning-fl fit`` builds it; nothing is written yet.
+
+    Args:
+        spec: ``data`` (:class:`~lightning_fl.datamodules.FederatedDataModule` options), ``model``
+            (``class_path``/``init_args``), ``loop`` (:class:`FederatedLoop` options), ``defences`` and
+            ``client_callbacks`` (lists of ``class_path``/``init_args``), ``seed``.
+        output_dir: the run directory.
+        callbacks: federated callbacks added to the loop's own (attacks).
+        checkpoint: write a checkpoint after every round.
+        progress_bar: show the rounds' progress bar.
+
+    Raises:
+        ValueError: from any part that rejects its settings (the message names the key).
+    """
+    import lightning as L
+
+    from lightning_fl.datamodules import FederatedDataModule
+    from lightning_fl.federation import FederatedLoop
+
+    seed = int(spec["seed"])
+    L.seed_everything(seed, verbose=False)
+    data = FederatedDataModule(**{"seed": seed, **spec["data"]})
+    model_type = load_class(spec["model"]["class_path"])
+    accepted = inspect.signature(model_type).parameters
+    links = {k: v for k, v in data.model_options.items() if k in _DATA_LINKS and k in accepted}
+    model = model_type(**{**links, **build(spec["model"].get("init_args") or {})})
+    loop_options = build(dict(spec["loop"]))
+    return FederatedLoop(
+        model,
+        data,
+        defences=build(list(spec.get("defences") or [])),
+        callbacks=[*loop_options.pop("callbacks", []), *callbacks],
+        client_callbacks=[*loop_options.pop("client_callbacks", []), *build(list(spec.get("client_callbacks") or []))],
+        output_dir=output_dir,
+        seed=seed,
+        checkpoint=checkpoint,
+        progress_bar=progress_bar,
+        **loop_options,
+    )
+
+
+@contextmanager
+def recorded_warnings(path: Path) -> Iterator[None]:
+    """Collect every warning raised inside the block into ``path`` (one per line), shown nowhere else."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{w.message}\n" for w in caught))
+
+
+def fit_spec(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
+    """Train the run of ``spec`` (:func:`build_loop`), save its public global model and return its summary.
+
+    The summary is ``summary.json``'s; ``output_dir`` also gets ``global_model.safetensors`` (as ``lightning-fl
+    fit`` writes it) and ``warnings.txt``.
+    """
+    from lightning_fl.federation.export import GLOBAL_MODEL_FILE, save_global_model
+
+    output_dir = Path(output_dir)
+    with recorded_warnings(output_dir / "warnings.txt"):
+        loop = build_loop(spec, output_dir)
+        summary = loop.fit()
+    save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE)
+    return summary

@@ -1,0 +1,123 @@
+"""``lightning-fl bench`` as a command: every run checked up front, selection flags, exit codes, its resume hint."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import yaml
+
+import lightning_fl.bench.runner as runner
+from lightning_fl.bench import load_settings
+from lightning_fl.bench.runner import _worker_init, threads_per_job
+from lightning_fl.cli import main
+from tests.bench.test_bench import MINI
+
+_CDP = MINI["defences"]["fed_cdp"]
+
+
+def _broken(path: list[str], value: object) -> dict:
+    settings = copy.deepcopy(MINI)
+    target = settings
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return settings
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (_broken(["defences", "fed_cdp"], {"defences": [{"class_path": "lightning_fl.defences.FedCDPP"}]}), "FedCDPP"),
+        (_broken(["defences", "fed_cdp", "loop"], {"num_roundz": 2}), "num_roundz"),
+        (_broken(["threat_models", "fedsgd_b1_trained", "leak_point"], "gradient"), "leak_point='gradient'"),
+        (_broken(["threat_models", "fedsgd_b1_trained", "attack_rounds"], [99]), "attack_rounds has [99]"),
+        (_broken(["data", "num_clients"], 0), "num_clients"),
+        (_broken(["attacks"], {}), "attacks is empty"),
+        (_broken(["threat_models", "fedsgd_b1", "dataa"], {}), "unknown keys ['dataa']"),
+    ],
+)
+def test_a_broken_run_anywhere_in_the_grid_exits_2_before_writing(tmp_path, capsys, settings, named) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**settings, "output_dir": str(tmp_path / "out")}))
+    assert main(["bench", "-c", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_selection_flags_trim_the_grid_and_name_unknown_values(tmp_path, capsys) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(tmp_path / "out")}))
+    assert main(["bench", "-c", str(config), "--threat_models", "fedsgd_b2"]) == 2
+    assert "['fedsgd_b2'] not in the config's threat_models" in capsys.readouterr().err
+    assert main(["bench", "-c", str(config), "--seeds", "0,x"]) == 2
+    assert main(["bench", "-c", str(config), "--jobs", "0"]) == 2
+    assert not (tmp_path / "out").exists()
+    selected = ["--defences", "none", "--threat_models", "fedsgd_b1", "--seeds", "0", "--attacks", "ig"]
+    assert main(["bench", "-c", str(config), *selected]) == 0
+    assert [p.name for p in (tmp_path / "out" / "cells").glob("*.json")] == ["none__ig__fedsgd_b1__s0.json"]
+    assert (
+        "--defences none --attacks ig --threat_models fedsgd_b1 --seeds 0 --jobs 1"
+        in (tmp_path / "out" / "bench.md").read_text()
+    )
+
+
+def test_a_failed_run_exits_1_and_an_interrupted_bench_prints_its_own_resume_hint(tmp_path, capsys, monkeypatch):
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(tmp_path / "out")}))
+    monkeypatch.setattr(
+        runner,
+        "_run",
+        lambda kind, payload, *_: (
+            {"status": "failed: RuntimeError: broke"}
+            if kind == "utility"
+            else {name: {"status": "ok"} for name in payload}
+        ),
+    )
+    assert main(["bench", "-c", str(config)]) == 1
+    assert "bench row(s) failed" in capsys.readouterr().err
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_run", interrupt)
+    assert main(["bench", "-c", str(config), "--defences", "none"]) == 130
+    err = capsys.readouterr().err
+    assert "a bench continues from its finished runs when the same command runs again" in err
+    assert "--defences none" in err and "--resume true" not in err
+
+
+def test_each_job_process_takes_its_share_of_the_cores() -> None:
+    threads = torch.get_num_threads()
+    try:
+        _worker_init(threads_per_job(2, cores=2))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert threads_per_job(1, cores=16) == 16 and threads_per_job(32, cores=16) == 1
+
+
+def test_the_cifar10_preset_reads_torchvision_files_under_data_root(tmp_path, monkeypatch) -> None:
+    import pickle
+
+    import numpy as np
+    from torchvision.datasets import cifar
+
+    from lightning_fl.bench.command import check_grid
+
+    folder = tmp_path / "cifar-10-batches-py"  # torchvision's layout: pickled batches of 32x32x3 uint8 rows
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8), "labels": list(range(10)) * 2}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+    monkeypatch.setattr(cifar, "check_integrity", lambda *_: True)  # the real files' md5 sums, not these
+    settings = load_settings("configs/bench_cifar10.yaml", quick=True)
+    settings["data"] = {**settings["data"], "root": str(tmp_path), "num_clients": 5}
+    check_grid(settings)  # every run of the preset builds on the files found under data.root
+    assert settings["data"]["dataset"] == "cifar10" and settings["data"].get("download") is False
+    assert json.dumps(settings)  # plain data, as a worker process receives it
