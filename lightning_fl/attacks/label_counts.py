@@ -106,15 +106,20 @@ def label_counts(
 def counts_to_labels(counts: Tensor, *, num_images: int, least: Tensor | None = None) -> Tensor:
     """Round real-valued counts to ``num_images`` labels: the floors of the counts (at least ``least``, at least 0),
     then one more for the largest remainders, or, when the floors overshoot, one less for the smallest ones.
+    Least counts that add up to more than ``num_images`` (a noised gradient) are ignored.
 
     Example:
         >>> counts_to_labels(torch.tensor([1.8, -0.1, 1.3, 0.4]), num_images=4)
         tensor([0, 0, 2, 3])
         >>> counts_to_labels(torch.tensor([1.8, -0.1, 1.3, 0.4]), num_images=4, least=torch.tensor([0, 1, 0, 0]))
         tensor([0, 0, 1, 2])
+        >>> counts_to_labels(torch.tensor([9.0, -3.0]), num_images=1, least=torch.tensor([5, 0]))
+        tensor([0])
     """
     counts = counts.double()
     least = torch.zeros_like(counts) if least is None else least.double()
+    if least.sum() > num_images:  # a noised gradient (DP): the least counts are not certain, so none are kept
+        least = torch.zeros_like(counts)
     whole = torch.maximum(counts.floor(), least).clamp(min=0)
     remainder = counts - whole
     missing = num_images - int(whole.sum())

@@ -67,12 +67,13 @@ class MaskedInput:
     Args:
         masked: the layers (sorted by name, flattened, concatenated) as int64 in :math:`[0, 2^{bits})`.
         round_idx: the round whose keys masked it.
-        shapes: each layer's name and shape, in the order of ``masked``.
+        shapes: each layer's name and shape, in the order of ``masked`` (as ``PaillierEncrypted.shapes``: the
+            server checks an update's declared layers against the model's).
     """
 
     masked: Tensor
     round_idx: int
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    shapes: dict[str, tuple[int, ...]]
 
     @property
     def nbytes(self) -> int:
@@ -253,7 +254,7 @@ class SecAggSum(Aggregator):
         )
         weight = sum(u.num_samples for u in updates) if protocol.weighted else len(updates)
         aggregate, offset = {}, 0
-        for name, shape in updates[0].payload.shapes:
+        for name, shape in updates[0].payload.shapes.items():
             numel = math.prod(shape)
             aggregate[name] = (total[offset : offset + numel] / weight).float().view(shape)
             offset += numel
@@ -262,8 +263,8 @@ class SecAggSum(Aggregator):
         return aggregate, metrics
 
 
-def _shapes(delta: dict[str, Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    return tuple((name, tuple(t.shape)) for name, t in sorted(delta.items()))
+def _shapes(delta: dict[str, Tensor]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in sorted(delta.items())}
 
 
 def _self_mask_seed(self_seed: int, round_idx: int) -> bytes:
