@@ -34,7 +34,14 @@ MINI = {
     "attacks": {"ig": _IG},
     "defences": {
         "none": {},
-        "fed_cdp": {"defences": [{"class_path": "lightning_fl.defences.FedCDP", "init_args": {"max_grad_norm": 4.0}}]},
+        "fed_cdp": {
+            "defences": [
+                {
+                    "class_path": "lightning_fl.defences.FedCDP",
+                    "init_args": {"max_grad_norm": 4.0, "sampling": "shuffled_batches"},
+                }
+            ]
+        },
     },
 }
 
