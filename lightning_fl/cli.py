@@ -2,36 +2,29 @@
 (every attack against every defence, :mod:`lightning_fl.bench`), ``validate`` / ``test`` (a saved public global
 model, ``global_model.safetensors``, on the validation or test data).
 
-Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
-command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
-``--print_config`` prints the resolved config. The model's ``num_classes``, ``in_channels``, ``image_size``,
-``input_mean`` and ``input_std`` are linked from the data when the model's ``__init__`` takes them. The
+This module builds and runs a subcommand from its parsed config (:mod:`lightning_fl.cli_parsers`); errors become
+one line (:mod:`lightning_fl.cli_errors`) and signals exit codes (:mod:`lightning_fl.cli_signals`). The
 top-level ``defences:`` list (``class_path``/``init_args`` of :class:`~lightning_fl.defences.Defence` bundles)
 applies to any model, after it is built.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
 import logging
 import os
-import re
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, Namespace
 
-from lightning_fl.datamodules.federated import FederatedDataModule
-from lightning_fl.defences.base import Defence, apply_defences
+from lightning_fl.cli_errors import format_warning, one_line
+from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
+from lightning_fl.cli_signals import EXIT_BAD_CONFIG, EXIT_OK, EXIT_RUN_FAILED, interrupted, sigterm_raises
+from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.validation import (
@@ -45,106 +38,6 @@ from lightning_fl.validation import (
 )
 
 __all__ = ["build_parser", "main"]
-
-_DATA_LINKS = (
-    "num_classes",
-    "in_channels",
-    "image_size",
-    "input_mean",
-    "input_std",
-)  # FederatedDataModule.model_options
-
-
-def _common(parser: ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", action=ActionConfigFile, help="Path to a YAML config.")
-    parser.add_argument("--seed_everything", type=int, default=0, help="Seed of model init, partition and loop.")
-    parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
-    parser.add_class_arguments(FederatedDataModule, "data")
-    parser.add_subclass_arguments(L.LightningModule, "model", required=True)
-    parser.add_argument(
-        "--defences", type=list[Defence], default=[], help="Defence bundles applied to the model (and the run)."
-    )
-    for key in _DATA_LINKS:
-        parser.link_arguments(
-            "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
-        )
-
-
-def _model_option(data: FederatedDataModule, key: str) -> Any:
-    return data.model_options[key]
-
-
-def _fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Federated training with per-client Lightning Trainers.", allow_abbrev=False)
-    _common(parser)
-    parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
-    parser.add_class_arguments(
-        FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
-    )
-    return parser
-
-
-def _attack_parser() -> ArgumentParser:
-    from lightning_fl.attacks.base import GradientAttack
-    from lightning_fl.attacks.standalone import run_attack
-
-    parser = ArgumentParser(
-        description="One gradient-leakage attack on one batch of a client's data (no rounds).", allow_abbrev=False
-    )
-    _common(parser)
-    parser.add_subclass_arguments(GradientAttack, "attack", required=True)
-    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
-    return parser
-
-
-def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
-    def build() -> ArgumentParser:
-        parser = _fit_parser()
-        where = "the test set" if stage == "test" else "the clients' validation splits, pooled"
-        parser.description = f"{stage.capitalize()} a saved public global model ({GLOBAL_MODEL_FILE}) on {where}."
-        parser.add_argument(
-            "--ckpt_path", type=str | None, default=None, help=f"Default: <output_dir>/{GLOBAL_MODEL_FILE}."
-        )
-        return parser
-
-    return build
-
-
-def _bench_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        description="Every attack against every defence on the same loop: a grid of short federated runs.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
-    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
-    parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
-    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
-    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
-    parser.add_argument(
-        "--report_only", action=ActionYesNo, default=False, help="Write the report from the finished cells; run none."
-    )
-    return parser
-
-
-SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
-    "fit": _fit_parser,
-    "attack": _attack_parser,
-    "bench": _bench_parser,
-    "validate": _evaluate_parser("validate"),
-    "test": _evaluate_parser("test"),
-}
-
-
-def build_parser() -> ArgumentParser:
-    """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
-    parser = ArgumentParser(
-        prog="lightning-fl", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
-    )
-    subcommands = parser.add_subcommands(required=True, dest="subcommand")
-    for name, build in SUBCOMMANDS.items():
-        sub = build()
-        subcommands.add_subcommand(name, sub, help=sub.description)
-    return parser
 
 
 def _instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
@@ -308,10 +201,6 @@ RUNNERS: dict[str, Callable[[ArgumentParser, Namespace], Callable[[], Any]]] = {
 }
 """Per subcommand: build and check a run from its config (errors here exit with 2), return the call that runs it."""
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
-"""Exit codes of ``lightning-fl``: 2 only before anything is written; 130 = 128 + SIGINT and 143 = 128 + SIGTERM,
-as shells report them."""
-
 TRACEBACK_ENV = "LIGHTNING_FL_TRACEBACK"
 """Set to 1 to get the full traceback of a run-time failure instead of its one-line summary."""
 
@@ -326,105 +215,7 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     for module in _THIRD_PARTY_NOISE:
         warnings.filterwarnings("ignore", module=module)
-    warnings.formatwarning = _format_warning
-
-
-def _format_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
-    """One line per warning, like the errors: ``lightning-fl: warning: <message>``."""
-    return f"lightning-fl: warning: {' '.join(str(message).split())}\n"
-
-
-_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
-_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
-_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
-_EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
-_UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
-
-
-def _type_name(annotation: str) -> str:
-    """``<class 'int'>`` -> ``an integer``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
-    if annotation.startswith("typing.Literal[") and annotation.endswith("]"):
-        return f"one of {annotation[len('typing.Literal[') : -1]}"
-    name = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", annotation).replace("NoneType", "null")
-    return {"int": "an integer", "float": "a number", "bool": "true or false", "dict": "a mapping"}.get(name, name)
-
-
-def _chain(err: BaseException) -> list[BaseException]:
-    chain = [err]
-    while chain[-1].__cause__ is not None:
-        chain.append(chain[-1].__cause__)
-    return chain
-
-
-def _one_line(err: BaseException) -> str:
-    """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
-
-    jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
-    the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
-    turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.``
-    """
-    chain = _chain(err)
-    keys: list[str] = []
-    for link in chain:
-        match = _PARSER_KEY.match(str(link))
-        if match and (not keys or keys[-1] != match.group(1)):
-            keys.append(match.group(1))
-    last = chain[-1]
-    innermost = " ".join(str(last.args[0] if isinstance(last, KeyError) and last.args else last).split())
-    expected = _EXPECTED.search(innermost)
-    if keys and expected:
-        key = ".init_args.".join(keys)
-        value = expected.group(2)
-        union = str(chain[-2]) if len(chain) > 1 else ""
-        alternatives = [_type_name(t) for t in _UNION_ALTERNATIVE.findall(union)]
-        if "Problem with given class_path" in union or not alternatives:
-            alternatives = [_type_name(expected.group(1))]
-        message = f"{key}={value!r} is invalid: expected {' or '.join(alternatives)}."
-        if "a mapping" in alternatives and ":" in value:
-            message += " On the command line write a YAML mapping with a space after each colon: '{accelerator: cpu}'."
-        return message
-    if keys:
-        return _keyed(".init_args.".join(keys), innermost, chain)
-    return innermost.split(" failed: ", 1)[-1]
-
-
-def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
-    """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
-    class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
-    option = _NOT_ACCEPTED.search(innermost)
-    if option and class_path:
-        name = option.group(1)
-        try:
-            module, _, attr = class_path.rpartition(".")
-            known = inspect.signature(getattr(importlib.import_module(module), attr)).parameters
-        except (ImportError, AttributeError, ValueError, TypeError):
-            known = {}
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
-        return f"{key}.init_args.{name} is not an option of {class_path}{hint}"
-    if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
-        return innermost
-    where = f" (class_path {class_path!r})" if class_path else ""
-    return f"{key}{where}: {innermost}"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl+C: the run stops between two writes (a checkpoint commit holds it until done)."""
-
-
-def _raise_terminated(*_: object) -> None:
-    raise Terminated
-
-
-def _interrupted(err: BaseException | None = None) -> int:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first one
-    what = "terminated" if isinstance(err, Terminated) else "interrupted"
-    print(
-        f"lightning-fl: {what}; a fit run continues from its last completed round with --resume true.",
-        file=sys.stderr,
-    )
-    return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+    warnings.formatwarning = format_warning
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -439,16 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     format_before = warnings.formatwarning
-    main_thread = threading.current_thread() is threading.main_thread()
-    sigterm_before = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), sigterm_raises():
         _quiet()
         try:
             return _main(args)
         finally:
             warnings.formatwarning = format_before
-            if main_thread:
-                signal.signal(signal.SIGTERM, sigterm_before)
 
 
 def _main(args: list[str]) -> int:
@@ -457,23 +244,23 @@ def _main(args: list[str]) -> int:
         cfg = parser.parse_args(args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:
-        return _interrupted(err)
+        return interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
-        print(f"lightning-fl: error: {_one_line(err)}", file=sys.stderr)
+        print(f"lightning-fl: error: {one_line(err)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
         run()
     except KeyboardInterrupt as err:
-        return _interrupted(err)
+        return interrupted(err)
     except SystemExit as err:  # Lightning turns Ctrl+C inside Trainer.fit into sys.exit(1)
         if isinstance(err.__context__, KeyboardInterrupt):
-            return _interrupted(err.__context__)
+            return interrupted(err.__context__)
         raise
     except Exception as err:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
         print(
-            f"lightning-fl: error: run failed: {type(err).__name__}: {_one_line(err)} "
+            f"lightning-fl: error: run failed: {type(err).__name__}: {one_line(err)} "
             f"(set {TRACEBACK_ENV}=1 for the traceback)",
             file=sys.stderr,
         )

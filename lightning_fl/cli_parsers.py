@@ -1,0 +1,126 @@
+"""The argument parsers of ``lightning-fl``: one per subcommand, built from the signatures they configure.
+
+Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
+command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
+``--print_config`` prints the resolved config. The model's ``num_classes``, ``in_channels``, ``image_size``,
+``input_mean`` and ``input_std`` are linked from the data when the model's ``__init__`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import lightning as L
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
+
+from lightning_fl.datamodules.federated import FederatedDataModule
+from lightning_fl.defences.base import Defence
+from lightning_fl.federation.export import GLOBAL_MODEL_FILE
+from lightning_fl.federation.loop import FederatedLoop
+
+__all__ = ["DESCRIPTION", "SUBCOMMANDS", "build_parser"]
+
+DESCRIPTION = "The ``lightning-fl`` command: federated training, attacks, benchmarks and evaluation of saved models."
+
+_DATA_LINKS = (
+    "num_classes",
+    "in_channels",
+    "image_size",
+    "input_mean",
+    "input_std",
+)  # FederatedDataModule.model_options
+
+
+def _common(parser: ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="Path to a YAML config.")
+    parser.add_argument("--seed_everything", type=int, default=0, help="Seed of model init, partition and loop.")
+    parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
+    parser.add_class_arguments(FederatedDataModule, "data")
+    parser.add_subclass_arguments(L.LightningModule, "model", required=True)
+    parser.add_argument(
+        "--defences", type=list[Defence], default=[], help="Defence bundles applied to the model (and the run)."
+    )
+    for key in _DATA_LINKS:
+        parser.link_arguments(
+            "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
+        )
+
+
+def _model_option(data: FederatedDataModule, key: str) -> Any:
+    return data.model_options[key]
+
+
+def _fit_parser() -> ArgumentParser:
+    parser = ArgumentParser(description="Federated training with per-client Lightning Trainers.", allow_abbrev=False)
+    _common(parser)
+    parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
+    parser.add_argument(
+        "--overwrite", type=bool, default=False, help="Replace the run already in output_dir (it is deleted)."
+    )
+    parser.add_class_arguments(
+        FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
+    )
+    return parser
+
+
+def _attack_parser() -> ArgumentParser:
+    from lightning_fl.attacks.base import GradientAttack
+    from lightning_fl.attacks.standalone import run_attack
+
+    parser = ArgumentParser(
+        description="One gradient-leakage attack on one batch of a client's data (no rounds).", allow_abbrev=False
+    )
+    _common(parser)
+    parser.add_subclass_arguments(GradientAttack, "attack", required=True)
+    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
+    return parser
+
+
+def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
+    def build() -> ArgumentParser:
+        parser = _fit_parser()
+        where = "the test set" if stage == "test" else "the clients' validation splits, pooled"
+        parser.description = f"{stage.capitalize()} a saved public global model ({GLOBAL_MODEL_FILE}) on {where}."
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help=f"Default: <output_dir>/{GLOBAL_MODEL_FILE}."
+        )
+        return parser
+
+    return build
+
+
+def _bench_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        description="Every attack against every defence on the same loop: a grid of short federated runs.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-c", "--config", type=str, required=True, help="A bench config: configs/bench_digits.yaml.")
+    parser.add_argument("--quick", action=ActionYesNo, default=False, help="Merge the config's quick: preset.")
+    parser.add_argument("--jobs", type=int, default=1, help="Cells run in this many worker processes.")
+    parser.add_argument("--output_dir", type=str | None, default=None, help="Default: the config's output_dir.")
+    parser.add_argument("--wandb_project", type=str | None, default=None, help="Also log the table to W&B.")
+    parser.add_argument(
+        "--report_only", action=ActionYesNo, default=False, help="Write the report from the finished cells; run none."
+    )
+    return parser
+
+
+SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
+    "fit": _fit_parser,
+    "attack": _attack_parser,
+    "bench": _bench_parser,
+    "validate": _evaluate_parser("validate"),
+    "test": _evaluate_parser("test"),
+}
+
+
+def build_parser() -> ArgumentParser:
+    """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
+    parser = ArgumentParser(prog="lightning-fl", description=DESCRIPTION, exit_on_error=False, allow_abbrev=False)
+    subcommands = parser.add_subcommands(required=True, dest="subcommand")
+    for name, build in SUBCOMMANDS.items():
+        sub = build()
+        subcommands.add_subcommand(name, sub, help=sub.description)
+    return parser
