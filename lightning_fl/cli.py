@@ -27,6 +27,8 @@ from lightning_fl.cli_signals import EXIT_BAD_CONFIG, EXIT_OK, EXIT_RUN_FAILED, 
 from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
+from lightning_fl.federation.run_lock import launched_rank
 from lightning_fl.validation import (
     check_callback_schedule,
     check_checkpoints_load_safely,
@@ -63,10 +65,20 @@ def _resolved_config(cfg: Namespace) -> dict[str, Any]:
     return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
 
 
+def _saved_config(cfg: Namespace) -> Namespace:
+    """The config a run records: its settings, without what it did to the directory (``resume``, ``overwrite``),
+    so that ``fit -c <run>/config.yaml --output_dir <new>`` runs it again."""
+    saved = cfg.clone()
+    saved.resume, saved.overwrite = False, False
+    return saved
+
+
 def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
     """Build and check everything of a fit run; the returned call trains and is the first to write."""
-    output_dir = Path(cfg.output_dir)
+    output_dir, rank = Path(cfg.output_dir), launched_rank()  # a DDP rank shares its launcher's directory
     check_output_dir(output_dir)
+    if not rank:
+        check_run_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     init = _instantiate(parser, cfg)
     _check_fit(cfg, init)
     loop = FederatedLoop(
@@ -78,15 +90,23 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
-    loop.recorder.config = _resolved_config(cfg)
+    saved = _saved_config(cfg)
+    loop.recorder.config = _resolved_config(saved)
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
+    if not rank:
+        claim_run_dir(loop.lock, resume=cfg.resume, overwrite=cfg.overwrite)  # the last check, the first write
 
     def fit() -> dict[str, Any]:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
-        summary = loop.fit(resume=cfg.resume)
+        try:
+            if not rank:
+                if cfg.overwrite:
+                    clear_run_dir(output_dir, keep=loop.lock.path)
+                parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
+            summary = loop.fit(resume=cfg.resume)
+        finally:
+            loop.lock.release()
         if not summary:  # a DDP rank other than 0: rank 0 reports
             return summary
         rounds = str(summary["rounds_completed"])
