@@ -25,6 +25,7 @@ from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
 from lightning_fl.cli_signals import EXIT_BAD_CONFIG, EXIT_OK, EXIT_RUN_FAILED, interrupted, sigterm_raises
 from lightning_fl.defences.base import apply_defences
+from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
@@ -248,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--print_config`` exit with 0 through ``SystemExit``.
     Warning filters and format, and the SIGTERM handler, are set for the call only and restored afterwards.
     """
+    die_with_launcher()  # a DDP rank this command re-ran: it ends with its launcher
     args = list(sys.argv[1:] if argv is None else argv)
     format_before = warnings.formatwarning
     with warnings.catch_warnings(), sigterm_raises():

@@ -24,6 +24,7 @@ import torch
 __all__ = [
     "check_callback_schedule",
     "check_checkpoints_load_safely",
+    "check_device_count",
     "check_learning_rate",
     "check_num_rounds",
     "check_output_dir",
@@ -110,6 +111,7 @@ def check_trainer_options(options: Mapping[str, Any], *, key: str = "loop.traine
             hint = f"did you mean {close[0]!r}?" if close else "see `help(lightning.Trainer)` for the options."
             raise ValueError(f"{key}.{name} is not an option of lightning.Trainer; {hint}")
     _check_accelerator(options.get("accelerator", "cpu"), key=f"{key}.accelerator")
+    check_device_count(options, key=key)
     quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     try:
         with warnings.catch_warnings():
@@ -132,6 +134,46 @@ def _check_accelerator(name: Any, *, key: str) -> None:
     if not any(AcceleratorRegistry[w]["accelerator"].is_available() for w in wanted):
         raise ValueError(
             f"{key}={name!r} is not available on this machine; use 'cpu' (or 'auto' to take what there is)."
+        )
+
+
+def check_device_count(options: Mapping[str, Any], *, key: str = "loop.trainer") -> None:
+    """Refuse more ``devices`` per node than this machine has, before any process is launched for them.
+
+    Each device of a DDP federation is one process (:mod:`lightning_fl.federation.distributed`); on CPU the
+    machine has ``os.cpu_count()`` of them, on GPUs ``torch.cuda.device_count()``. A list of GPU ids must name
+    existing GPUs.
+
+    Raises:
+        ValueError: naming the requested and the available count, and the largest value that works.
+
+    Example:
+        >>> check_device_count({"accelerator": "cpu", "devices": 1})
+        >>> check_device_count({"accelerator": "cpu", "strategy": "ddp", "devices": 100000})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: loop.trainer.devices=100000 asks for 100000 processes on this machine, which has ... CPU(s); ...
+    """
+    devices, accelerator = options.get("devices", 1), str(options.get("accelerator", "cpu"))
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    available, kind = (torch.cuda.device_count(), "GPU(s)") if gpu else (os.cpu_count() or 1, "CPU(s)")
+    if isinstance(devices, list | tuple):
+        wanted = [int(d) for d in devices]
+        missing = [d for d in wanted if not 0 <= d < available] if gpu else []
+        if missing:
+            raise ValueError(
+                f"{key}.devices={wanted} names GPU(s) {missing}, but this machine has {available} GPU(s) "
+                f"(ids 0..{available - 1}); list existing ids."
+            )
+        count = len(wanted)
+    elif isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()):
+        count = int(devices)
+    else:
+        return  # "auto", -1: resolved by Lightning (and refused for a federation by ranks_requested)
+    if count > available:
+        raise ValueError(
+            f"{key}.devices={devices!r} asks for {count} processes on this machine, which has {available} {kind}; "
+            f"use at most {available}."
         )
 
 

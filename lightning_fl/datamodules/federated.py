@@ -19,9 +19,10 @@ from lightning_fl.messages import GroundTruth
 
 __all__ = ["DataSource", "FederatedDataModule"]
 
-DataSource = str | Path | Dataset | L.LightningDataModule
+DataSource = L.LightningDataModule | Dataset | str | Path
 """What a federation can be built from: a dataset name or ImageFolder path, any ``Dataset`` of ``(x, y)`` samples,
-or a user's ``LightningDataModule``."""
+or a user's ``LightningDataModule``. The classes come first so that a config writes a chosen class back as
+``class_path``/``init_args`` (a ``str`` first would write its ``Namespace(...)`` text, which does not load)."""
 
 
 class FederatedDataModule:
