@@ -30,6 +30,7 @@ from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model,
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
 from lightning_fl.federation.run_lock import launched_rank
+from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
     check_callback_schedule,
     check_checkpoints_load_safely,
@@ -91,6 +92,14 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
+    check_workers(
+        loop.workers,
+        trainer_options=loop.process_options,
+        client_callbacks=loop.client_callbacks,
+        backend=loop.backend,
+        ranks=loop.ranks,
+        taps_local_gradients=bool(loop.leaks.listeners("on_local_gradient")),
+    )
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
     if cfg.resume:
@@ -124,12 +133,13 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     from rich.console import Console
     from rich.table import Table
 
-    from lightning_fl.attacks.standalone import run_attack
+    from lightning_fl.attacks.standalone import check_attack_run, run_attack
 
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
+    check_attack_run(init.attack, data=init.data, model=init.model, **vars(init.run))
 
     def attack() -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)

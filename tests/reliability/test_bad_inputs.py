@@ -65,6 +65,14 @@ FIT_CASES = {
     "attack round that never runs": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [99]'}]"], "rounds has [99]"),
     "attack client that does not exist": (["--loop.callbacks", f"[{LEAKAGE % 'clients: [99]'}]"], "clients has [99]"),
     "negative attack round": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [-1]'}]"], "rounds=[-1]"),
+    "workers with a local-gradient attack": (
+        ["--loop.workers", "2", "--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient'}]"],
+        "loop.workers=2 (backend 'processes', 1 DDP process(es)) cannot tap local gradients",
+    ),
+    "more CPU devices than exist": (
+        ["--loop.trainer", "{accelerator: cpu, strategy: ddp, devices: 100000}"],
+        "loop.trainer.devices=100000 asks for 100000 processes on this machine",
+    ),
 }
 
 
@@ -119,6 +127,16 @@ def test_yaml_config_with_an_unknown_key_is_rejected(tmp_path, capsys) -> None:
         (["--attack.class_path", "nope.Attack"], "attack (class_path 'nope.Attack')"),
         (["--run.batch_size", "abc"], "run.batch_size='abc' is invalid: expected an integer"),
         (["--data.partition", "foo"], "data.partition='foo' is invalid"),
+        (["--run.batch_size", "0"], "run.batch_size=0 must be >= 1"),
+        (["--run.batch_size", "100000"], "run.batch_size x run.local_steps = 100000 exceeds the"),
+        (["--run.local_steps", "0"], "run.local_steps=0 must be >= 1"),
+        (["--run.client_id", "99"], "run.client_id=99 is not a client: data.num_clients=10"),
+        (["--run.client_id", "-1"], "run.client_id=-1 is not a client"),
+        (["--run.device", "nope"], "run.device='nope' is not a device"),
+        (["--run.device", "cuda:99"], "run.device='cuda:99' is not on this machine"),
+        (["--run.local_lr", ".nan"], "run.local_lr=nan must be a finite number > 0"),
+        (["--run.local_lr", "-1"], "run.local_lr=-1.0 must be a finite number > 0"),
+        (["--attack.init_args.layers", "[nope.*]"], "attack.init_args.layers has ['nope.*'], which match no parameter"),
     ],
 )
 def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
