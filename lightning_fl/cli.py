@@ -10,6 +10,7 @@ applies to any model, after it is built.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -34,10 +35,12 @@ from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
     check_callback_schedule,
     check_checkpoints_load_safely,
+    check_config_file,
     check_learning_rate,
     check_num_rounds,
     check_output_dir,
     check_resume,
+    check_seed,
     check_trainer_options,
 )
 
@@ -46,6 +49,7 @@ __all__ = ["build_parser", "main"]
 
 def _instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
     """Build data first (so links can read it), then everything else, seeded."""
+    check_seed(cfg.seed_everything)
     L.seed_everything(cfg.seed_everything, verbose=False)
     cfg.data.seed = cfg.data.seed if cfg.data.seed else cfg.seed_everything
     return parser.instantiate(cfg)
@@ -270,8 +274,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.formatwarning = format_before
 
 
+def _config_files(args: list[str]) -> list[str]:
+    """The files of ``-c`` / ``--config`` in ``args`` (bench reads its own config format)."""
+    if args[:1] == ["bench"]:
+        return []
+    files = [value for flag, value in itertools.pairwise(args) if flag in ("-c", "--config")]
+    return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+
+
 def _main(args: list[str]) -> int:
     try:
+        for path in _config_files(args):
+            check_config_file(path)
         parser = build_parser()
         cfg = parser.parse_args(args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])

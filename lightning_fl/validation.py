@@ -24,11 +24,13 @@ import torch
 __all__ = [
     "check_callback_schedule",
     "check_checkpoints_load_safely",
+    "check_config_file",
     "check_device_count",
     "check_learning_rate",
     "check_num_rounds",
     "check_output_dir",
     "check_resume",
+    "check_seed",
     "check_trainer_options",
     "update_norm_outliers",
 ]
@@ -61,6 +63,62 @@ def check_learning_rate(lr: float, *, key: str = "model.init_args.lr") -> None:
             "Did you mean a negative exponent (e.g. 1e-3)?",
             stacklevel=2,
         )
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed every generator takes (numpy's ``np.random.seed`` bound)."""
+
+
+def check_seed(seed: int, *, key: str = "seed_everything") -> None:
+    """Reject a seed that numpy, torch and Python's ``random`` do not all accept.
+
+    Raises:
+        ValueError: if ``seed`` is outside ``0..2**32 - 1``.
+
+    Example:
+        >>> check_seed(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: seed_everything=-1 must be between 0 and 4294967295 (every generator takes it); e.g. 0.
+    """
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{key}={seed} must be between 0 and {MAX_SEED} (every generator takes it); e.g. 0.")
+
+
+def check_config_file(path: str | Path, *, key: str = "config") -> None:
+    """Reject a config file that is not a YAML mapping of keys (empty, a list, binary), naming the file.
+
+    A missing file is left to the parser, whose message names it.
+
+    Raises:
+        ValueError: naming the file, what it holds and what a config looks like.
+
+    Example:
+        >>> import tempfile
+        >>> empty = Path(tempfile.mkdtemp()) / "empty.yaml"
+        >>> _ = empty.write_text("")
+        >>> check_config_file(empty)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: config=.../empty.yaml' is empty; a config is a YAML mapping of sections, e.g. ...
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    example = "a config is a YAML mapping of sections, e.g. 'loop: {num_rounds: 2}'"
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{key}={str(path)!r} is not text (a binary file?); {example}.") from None
+    except yaml.YAMLError as err:
+        reason = " ".join(str(err).split())
+        raise ValueError(f"{key}={str(path)!r} is not valid YAML ({reason}); {example}.") from None
+    if content is None:
+        raise ValueError(f"{key}={str(path)!r} is empty; {example}.")
+    if not isinstance(content, dict):
+        raise ValueError(f"{key}={str(path)!r} holds a YAML {type(content).__name__}, not a mapping; {example}.")
 
 
 def check_num_rounds(num_rounds: int, *, key: str = "loop.num_rounds") -> None:

@@ -61,7 +61,7 @@ def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:
         (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 trains nothing; it must be >= 1"),
         (["--data.dataset", "no-such-data"], "data.dataset='no-such-data' is neither a known dataset"),
         (["--model.init_args.backbone", "resnet9000"], "model.backbone='resnet9000' is unknown"),
-        (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+        (["--data.alpha", "0"], "data.alpha=0.0 must be a finite number > 0"),
         (["--loop.no_such_key", "1"], "unrecognized arguments: --loop.no_such_key"),
     ],
 )

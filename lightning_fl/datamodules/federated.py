@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,13 @@ class FederatedDataModule:
             raise ValueError(f"data.num_clients={num_clients} must be >= 1.")
         if partition not in PARTITIONERS:
             raise ValueError(f"data.partition={partition!r} is unknown; use one of {sorted(PARTITIONERS)}.")
-        if partition == "dirichlet" and alpha <= 0:
-            raise ValueError(f"data.alpha={alpha} must be > 0 (the Dirichlet concentration; 0.5 is common).")
+        if partition == "dirichlet" and not (math.isfinite(alpha) and alpha > 0):
+            raise ValueError(
+                f"data.alpha={alpha} must be a finite number > 0 (the Dirichlet concentration; 0.5 is common, "
+                "partition: iid for no label skew)."
+            )
+        if image_size is not None and image_size < 1:
+            raise ValueError(f"data.image_size={image_size} must be >= 1 (the resized side length; null keeps it).")
         if partition == "shards" and shards_per_client < 1:
             raise ValueError(f"data.shards_per_client={shards_per_client} must be >= 1.")
         self.dataset = str(dataset) if isinstance(dataset, Path) else dataset

@@ -43,7 +43,7 @@ FIT_CASES = {
     "no clients": (["--data.num_clients", "0"], "data.num_clients=0 must be >= 1"),
     "empty batches": (["--data.batch_size", "0"], "data.batch_size=0"),
     "validation share of 150%": (["--data.val_fraction", "1.5"], "data.val_fraction=1.5 must be in [0, 1)"),
-    "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+    "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be a finite number > 0"),
     "unknown dataset": (["--data.dataset", "no-such-data"], "data.dataset='no-such-data'"),
     "unknown backbone": (["--model.init_args.backbone", "resnet9000"], "backbone='resnet9000' is unknown"),
     "negative lr": (["--model.init_args.lr", "-1"], "lr=-1.0 must be > 0"),
@@ -65,6 +65,12 @@ FIT_CASES = {
     "attack round that never runs": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [99]'}]"], "rounds has [99]"),
     "attack client that does not exist": (["--loop.callbacks", f"[{LEAKAGE % 'clients: [99]'}]"], "clients has [99]"),
     "negative attack round": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [-1]'}]"], "rounds=[-1]"),
+    "image_size 0": (["--data.image_size", "0"], "data.image_size=0 must be >= 1"),
+    "negative image_size": (["--data.image_size", "-8"], "data.image_size=-8 must be >= 1"),
+    "image_size beyond memory": (["--data.image_size", "100000"], "data.image_size=100000 would need"),
+    "negative seed": (["--seed_everything", "-1"], "seed_everything=-1 must be between 0 and 4294967295"),
+    "Dirichlet alpha NaN": (["--data.alpha", ".nan"], "data.alpha=nan must be a finite number > 0"),
+    "Dirichlet alpha infinite": (["--data.alpha", ".inf"], "data.alpha=inf must be a finite number > 0"),
     "workers with a local-gradient attack": (
         ["--loop.workers", "2", "--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient'}]"],
         "loop.workers=2 (backend 'processes', 1 DDP process(es)) cannot tap local gradients",
@@ -145,3 +151,44 @@ def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys,
     assert rc == 2
     assert message in one_error_line(capsys.readouterr().err)
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty; a config is a YAML mapping"),
+        (b"- a\n- b\n", "holds a YAML list, not a mapping"),
+        (bytes(range(128, 256)), "is not text (a binary file?)"),
+        (b"a: [", "is not valid YAML"),
+    ],
+    ids=["empty", "list", "binary", "broken"],
+)
+def test_a_config_file_that_is_no_mapping_is_named_with_the_fix(tmp_path, capsys, content: bytes, message: str):
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(content)
+    assert main(["fit", "-c", str(config), "--output_dir", str(tmp_path / "run")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"config={str(config)!r} {message}" in line and "e.g. 'loop: {num_rounds: 2}'" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_image_folder_of_one_class_is_refused_with_the_fix(tmp_path, capsys) -> None:
+    from PIL import Image
+
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.new("L", (8, 8), color=40 * i).save(tmp_path / "photos" / "cat" / f"{i}.png")
+    args = ["--data.dataset", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "run")]
+    assert main(["fit", "-c", str(QUICKSTART), *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "has one class sub-folder ('cat'); a classifier needs at least 2" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_test_refuses_a_checkpoint_that_is_not_safetensors(tmp_path, capsys) -> None:
+    ckpt = tmp_path / "model.ckpt"
+    ckpt.write_bytes(b"not a safetensors file")
+    args = ["--ckpt_path", str(ckpt), "--output_dir", str(tmp_path / "run"), "--data.image_size", "16"]
+    assert main(["test", "-c", str(QUICKSTART), *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"ckpt_path={str(ckpt)!r} is not a safetensors file" in line and "global_model.safetensors" in line

@@ -72,10 +72,9 @@ def test_a_launched_rank_dies_with_its_launcher(tmp_path) -> None:
         while not (ranks := _children(launcher.pid)) and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.2)
         assert ranks, "no rank was launched"
-        time.sleep(3)  # the rank is importing or waiting for its launcher: both must end with it
-        launcher.send_signal(signal.SIGKILL)
+        launcher.send_signal(signal.SIGKILL)  # the rank is still importing: it would go on to wait for its launcher
         launcher.wait()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while any(map(_alive, ranks)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(map(_alive, ranks)), f"ranks {ranks} outlived their launcher"
