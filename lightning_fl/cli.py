@@ -29,6 +29,7 @@ from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.federation.model_contract import check_train_loss_key
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
 from lightning_fl.federation.run_lock import launched_rank
 from lightning_fl.federation.workers import check_workers
@@ -62,8 +63,13 @@ def _check_fit(cfg: Namespace, init: Namespace) -> None:
         check_learning_rate(float(lr))
     check_num_rounds(cfg.loop.num_rounds)
     check_trainer_options(cfg.loop.trainer or {})
+    data, steps = init.data, cfg.loop.local_steps
+    if steps is None:
+        steps = cfg.loop.local_epochs * max(len(data.train_dataloader(k)) for k in range(data.num_clients))
     callbacks = init.loop.callbacks or ()
-    check_callback_schedule(callbacks, num_rounds=cfg.loop.num_rounds, num_clients=init.data.num_clients)
+    check_callback_schedule(
+        callbacks, num_rounds=cfg.loop.num_rounds, num_clients=data.num_clients, max_local_steps=steps
+    )
 
 
 def _resolved_config(cfg: Namespace) -> dict[str, Any]:
@@ -109,6 +115,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     if cfg.resume:
         check_checkpoints_load_safely(sorted(output_dir.rglob("*.pt")))
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
+    options = loop.runner.trainer_options
+    check_train_loss_key(
+        loop.global_model, init.data.train_dataloader(0), key=cfg.loop.train_loss_key, trainer_options=options
+    )
     if not rank:
         claim_run_dir(loop.lock, resume=cfg.resume, overwrite=cfg.overwrite)  # the last check, the first write
 

@@ -288,12 +288,19 @@ def check_checkpoints_load_safely(paths: Iterable[Path]) -> None:
 
 
 def check_callback_schedule(
-    callbacks: Sequence[object], *, num_rounds: int, num_clients: int, key: str = "loop.callbacks"
+    callbacks: Sequence[object],
+    *,
+    num_rounds: int,
+    num_clients: int,
+    max_local_steps: int | None = None,
+    key: str = "loop.callbacks",
 ) -> None:
-    """Reject callbacks scheduled at rounds or clients that the run does not have (they would never fire).
+    """Reject callbacks scheduled at rounds, clients or local steps that the run does not have (they would never
+    fire).
 
-    Any callback with ``rounds`` and/or ``clients`` attributes (0-based integers, ``None`` for all clients) is
-    checked, e.g. :class:`~lightning_fl.callbacks.GradientLeakage`.
+    Any callback with ``rounds``, ``clients`` and/or ``step_indices`` attributes (0-based integers, ``None`` for
+    all clients) is checked, e.g. :class:`~lightning_fl.callbacks.GradientLeakage`; ``max_local_steps`` is the
+    most local optimiser steps a client takes in a round (``None``: not checked).
 
     Raises:
         ValueError: naming the callback, its index, the unreachable values and the run's shape.
@@ -317,6 +324,12 @@ def check_callback_schedule(
             raise ValueError(
                 f"{key}[{index}].init_args.clients has {clients}, which do not exist: data.num_clients={num_clients} "
                 f"gives clients 0..{num_clients - 1}."
+            )
+        steps = sorted(s for s in getattr(callback, "step_indices", None) or () if s >= (max_local_steps or math.inf))
+        if steps:
+            raise ValueError(
+                f"{key}[{index}].init_args.step_indices has {steps}, which never run: a client takes at most "
+                f"{max_local_steps} local steps per round (loop.local_steps, or loop.local_epochs x its batches)."
             )
 
 

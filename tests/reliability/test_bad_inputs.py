@@ -71,6 +71,14 @@ FIT_CASES = {
     "negative seed": (["--seed_everything", "-1"], "seed_everything=-1 must be between 0 and 4294967295"),
     "Dirichlet alpha NaN": (["--data.alpha", ".nan"], "data.alpha=nan must be a finite number > 0"),
     "Dirichlet alpha infinite": (["--data.alpha", ".inf"], "data.alpha=inf must be a finite number > 0"),
+    "train_loss_key not logged": (
+        ["--loop.train_loss_key", "nope"],
+        "loop.train_loss_key='nope' was not logged by ImageClassifier.training_step; logged: ['train_loss']",
+    ),
+    "attack step that never runs": (
+        ["--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient, step_indices: [100000]'}]"],
+        "step_indices has [100000], which never run: a client takes at most",
+    ),
     "workers with a local-gradient attack": (
         ["--loop.workers", "2", "--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient'}]"],
         "loop.workers=2 (backend 'processes', 1 DDP process(es)) cannot tap local gradients",
