@@ -77,11 +77,18 @@ def _resolved_config(cfg: Namespace) -> dict[str, Any]:
     return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
 
 
+_NAME_ONLY_DATA_KEYS = ("image_size", "channels", "root", "download")
+"""Keys of ``data:`` that only a dataset name or ImageFolder path uses (see ``FederatedDataModule``)."""
+
+
 def _saved_config(cfg: Namespace) -> Namespace:
     """The config a run records: its settings, without what it did to the directory (``resume``, ``overwrite``),
     so that ``fit -c <run>/config.yaml --output_dir <new>`` runs it again."""
     saved = cfg.clone()
     saved.resume, saved.overwrite = False, False
+    if not isinstance(saved.data.dataset, str):  # a Dataset or LightningDataModule: the name-only keys do nothing
+        for key in _NAME_ONLY_DATA_KEYS:
+            del saved.data[key]
     return saved
 
 
