@@ -13,16 +13,39 @@ from functools import partial
 from typing import Any
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter
 
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE
 from lightning_fl.federation.loop import FederatedLoop
 
-__all__ = ["DESCRIPTION", "SUBCOMMANDS", "build_parser"]
+__all__ = ["DESCRIPTION", "SUBCOMMANDS", "ShortHelpFormatter", "build_parser"]
 
 DESCRIPTION = "The ``lightning-fl`` command: federated training, attacks, benchmarks and evaluation of saved models."
+
+_KNOWN = ", known subclasses: "
+_LIBRARY_CLASSES = ("torch.", "torchvision.", "lightning.", "pytorch_lightning.", "torchmetrics.")
+
+
+class ShortHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with each type's list of known subclasses cut to the toolkit's and the user's own.
+
+    jsonargparse lists every imported subclass of a type: ``torch.utils.data.Dataset`` brings about 150 DataPipe
+    and torchvision classes, printed for ``--data.dataset`` and again for ``--data.test_dataset``. Any class path
+    is still accepted; the help says so instead of listing the libraries' classes.
+    """
+
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        head, known, tail = text.partition(_KNOWN)
+        if not known or not tail.endswith(")"):
+            return text
+        paths = tail[:-1].split(", ")
+        own = [path for path in paths if not path.startswith(_LIBRARY_CLASSES)]
+        listed = f"{_KNOWN}{', '.join(own)}" if own else ""
+        return f"{head}{listed}{', or any class_path' if len(own) < len(paths) else ''})"
+
 
 _DATA_LINKS = (
     "num_classes",
@@ -53,7 +76,11 @@ def _model_option(data: FederatedDataModule, key: str) -> Any:
 
 
 def _fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(description="Federated training with per-client Lightning Trainers.", allow_abbrev=False)
+    parser = ArgumentParser(
+        description="Federated training with per-client Lightning Trainers.",
+        allow_abbrev=False,
+        formatter_class=ShortHelpFormatter,
+    )
     _common(parser)
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
     parser.add_argument(
@@ -70,7 +97,9 @@ def _attack_parser() -> ArgumentParser:
     from lightning_fl.attacks.standalone import run_attack
 
     parser = ArgumentParser(
-        description="One gradient-leakage attack on one batch of a client's data (no rounds).", allow_abbrev=False
+        description="One gradient-leakage attack on one batch of a client's data (no rounds).",
+        allow_abbrev=False,
+        formatter_class=ShortHelpFormatter,
     )
     _common(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
@@ -118,7 +147,13 @@ SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
 
 def build_parser() -> ArgumentParser:
     """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
-    parser = ArgumentParser(prog="lightning-fl", description=DESCRIPTION, exit_on_error=False, allow_abbrev=False)
+    parser = ArgumentParser(
+        prog="lightning-fl",
+        description=DESCRIPTION,
+        exit_on_error=False,
+        allow_abbrev=False,
+        formatter_class=ShortHelpFormatter,
+    )
     subcommands = parser.add_subcommands(required=True, dest="subcommand")
     for name, build in SUBCOMMANDS.items():
         sub = build()

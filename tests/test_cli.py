@@ -85,3 +85,12 @@ def test_print_config_shows_every_key_without_training(tmp_path, capsys) -> None
     assert exit_info.value.code == 0
     assert printed["loop"]["clients_per_round"] == 5 and printed["data"]["partition"] == "dirichlet"
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_fit_help_lists_the_toolkits_classes_not_every_library_dataset(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 400 and "DataPipe" not in text and "torchvision.datasets" not in text
+    assert "lightning_fl.ImageTensorDataset, or any class_path" in text
+    assert "--overwrite" in text
