@@ -71,16 +71,17 @@ def _common(parser: ArgumentParser) -> None:
         )
 
 
+def _parser(description: str, **kwargs: Any) -> ArgumentParser:
+    """A parser that takes keys spelt in full only and prints the short help."""
+    return ArgumentParser(description=description, allow_abbrev=False, formatter_class=ShortHelpFormatter, **kwargs)
+
+
 def _model_option(data: FederatedDataModule, key: str) -> Any:
     return data.model_options[key]
 
 
 def _fit_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        description="Federated training with per-client Lightning Trainers.",
-        allow_abbrev=False,
-        formatter_class=ShortHelpFormatter,
-    )
+    parser = _parser("Federated training with per-client Lightning Trainers.")
     _common(parser)
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
     parser.add_argument(
@@ -96,11 +97,7 @@ def _attack_parser() -> ArgumentParser:
     from lightning_fl.attacks.base import GradientAttack
     from lightning_fl.attacks.standalone import run_attack
 
-    parser = ArgumentParser(
-        description="One gradient-leakage attack on one batch of a client's data (no rounds).",
-        allow_abbrev=False,
-        formatter_class=ShortHelpFormatter,
-    )
+    parser = _parser("One gradient-leakage attack on one batch of a client's data (no rounds).")
     _common(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
     parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
@@ -147,13 +144,7 @@ SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
 
 def build_parser() -> ArgumentParser:
     """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
-    parser = ArgumentParser(
-        prog="lightning-fl",
-        description=DESCRIPTION,
-        exit_on_error=False,
-        allow_abbrev=False,
-        formatter_class=ShortHelpFormatter,
-    )
+    parser = _parser(DESCRIPTION, prog="lightning-fl", exit_on_error=False)
     subcommands = parser.add_subcommands(required=True, dest="subcommand")
     for name, build in SUBCOMMANDS.items():
         sub = build()
