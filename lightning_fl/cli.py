@@ -24,7 +24,14 @@ from jsonargparse import ArgumentParser, Namespace
 
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
-from lightning_fl.cli_signals import EXIT_BAD_CONFIG, EXIT_OK, EXIT_RUN_FAILED, interrupted, sigterm_raises
+from lightning_fl.cli_signals import (
+    EXIT_BAD_CONFIG,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    ignore_after_the_run,
+    interrupted,
+    sigterm_raises,
+)
 from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
@@ -278,17 +285,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``LIGHTNING_FL_TRACEBACK=1`` gives the traceback); 130 interrupted (Ctrl+C), 143 terminated (SIGTERM): the
     last completed round is committed and ``--resume true`` continues from it. ``--help`` and
     ``--print_config`` exit with 0 through ``SystemExit``.
-    Warning filters and format, and the SIGTERM handler, are set for the call only and restored afterwards.
+    Warning filters and format, and the SIGINT and SIGTERM handlers, are set for the call only and restored
+    afterwards; run as the ``lightning-fl`` command, both signals are ignored once the exit code is known.
     """
     die_with_launcher()  # a DDP rank this command re-ran: it ends with its launcher
     args = list(sys.argv[1:] if argv is None else argv)
     format_before = warnings.formatwarning
-    with warnings.catch_warnings(), sigterm_raises():
-        _quiet()
-        try:
-            return _main(args)
-        finally:
-            warnings.formatwarning = format_before
+    try:
+        with warnings.catch_warnings(), sigterm_raises():
+            _quiet()
+            try:
+                return _main(args)
+            finally:
+                warnings.formatwarning = format_before
+    finally:
+        ignore_after_the_run()
 
 
 def _config_files(args: list[str]) -> list[str]:
