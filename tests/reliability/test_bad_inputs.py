@@ -7,11 +7,23 @@ the run directory was not created (no config.yaml, no checkpoints).
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
 
 from lightning_fl.cli import main
 from tests.reliability.helpers import CONFIGS, QUICKSTART, one_error_line
+
+
+@pytest.fixture(autouse=True)
+def _no_process_is_launched(monkeypatch) -> None:
+    """No case may start DDP ranks; should a check regress, the launch fails instead of forking the machine."""
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a bad input reached Fabric.launch")
+
+    monkeypatch.setattr(L.Fabric, "launch", refuse)
+
 
 LEAKAGE = "{class_path: lightning_fl.callbacks.GradientLeakage, init_args: {attack: {class_path: lightning_fl.attacks.DLGAttack}, %s}}"  # noqa: E501
 

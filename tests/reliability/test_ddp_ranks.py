@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 
 from lightning_fl import FederatedLoop
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.federation import distributed
 from tests.conftest import make_classifier
 from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
 
@@ -27,7 +27,7 @@ def _never_launch(*_: object, **__: object) -> None:
 
 
 def test_fit_refuses_more_cpu_devices_than_the_machine_has_before_launching(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(distributed, "launch", _never_launch)
+    monkeypatch.setattr(L.Fabric, "launch", _never_launch)  # where Lightning starts the ranks: nothing may get there
     trainer = f"{{accelerator: cpu, strategy: ddp, devices: {TOO_MANY}}}"
     run = tmp_path / "run"
     assert main(["fit", "-c", str(QUICKSTART), "--output_dir", str(run), *FAST, "--loop.trainer", trainer]) == 2
