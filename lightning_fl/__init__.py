@@ -3,6 +3,11 @@
 Federated training where every client is an ordinary Lightning Trainer, gradient-leakage attacks as
 callbacks at chosen rounds, and drop-in defences, with utility and privacy measured side by side.
 """
+# ruff: noqa: E402 -- the command's signal handlers come before the imports, which take seconds
+
+from lightning_fl.cli_signals import exit_outside_the_run as _exit_outside_the_run
+
+_exit_outside_the_run()  # the command's exit codes hold from its first line
 
 from lightning_fl.attacks import *  # noqa: F403
 from lightning_fl.attacks import __all__ as _attacks

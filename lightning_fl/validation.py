@@ -24,12 +24,15 @@ import torch
 __all__ = [
     "check_callback_schedule",
     "check_checkpoints_load_safely",
+    "check_config_file",
+    "check_device_count",
     "check_learning_rate",
     "check_non_negative",
     "check_num_rounds",
     "check_output_dir",
     "check_positive",
     "check_resume",
+    "check_seed",
     "check_trainer_options",
     "update_norm_outliers",
 ]
@@ -96,6 +99,62 @@ def check_non_negative(value: float, *, owner: str, name: str, hint: str = "") -
         raise ValueError(f"{owner}({name}={value}) must be a finite number >= 0{hint}.")
 
 
+MAX_SEED = 2**32 - 1
+"""The largest seed every generator takes (numpy's ``np.random.seed`` bound)."""
+
+
+def check_seed(seed: int, *, key: str = "seed_everything") -> None:
+    """Reject a seed that numpy, torch and Python's ``random`` do not all accept.
+
+    Raises:
+        ValueError: if ``seed`` is outside ``0..2**32 - 1``.
+
+    Example:
+        >>> check_seed(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: seed_everything=-1 must be between 0 and 4294967295 (every generator takes it); e.g. 0.
+    """
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{key}={seed} must be between 0 and {MAX_SEED} (every generator takes it); e.g. 0.")
+
+
+def check_config_file(path: str | Path, *, key: str = "config") -> None:
+    """Reject a config file that is not a YAML mapping of keys (empty, a list, binary), naming the file.
+
+    A missing file is left to the parser, whose message names it.
+
+    Raises:
+        ValueError: naming the file, what it holds and what a config looks like.
+
+    Example:
+        >>> import tempfile
+        >>> empty = Path(tempfile.mkdtemp()) / "empty.yaml"
+        >>> _ = empty.write_text("")
+        >>> check_config_file(empty)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: config=.../empty.yaml' is empty; a config is a YAML mapping of sections, e.g. ...
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    example = "a config is a YAML mapping of sections, e.g. 'loop: {num_rounds: 2}'"
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{key}={str(path)!r} is not text (a binary file?); {example}.") from None
+    except yaml.YAMLError as err:
+        reason = " ".join(str(err).split())
+        raise ValueError(f"{key}={str(path)!r} is not valid YAML ({reason}); {example}.") from None
+    if content is None:
+        raise ValueError(f"{key}={str(path)!r} is empty; {example}.")
+    if not isinstance(content, dict):
+        raise ValueError(f"{key}={str(path)!r} holds a YAML {type(content).__name__}, not a mapping; {example}.")
+
+
 def check_num_rounds(num_rounds: int, *, key: str = "loop.num_rounds") -> None:
     """Reject a run that would train nothing.
 
@@ -144,6 +203,7 @@ def check_trainer_options(options: Mapping[str, Any], *, key: str = "loop.traine
             hint = f"did you mean {close[0]!r}?" if close else "see `help(lightning.Trainer)` for the options."
             raise ValueError(f"{key}.{name} is not an option of lightning.Trainer; {hint}")
     _check_accelerator(options.get("accelerator", "cpu"), key=f"{key}.accelerator")
+    check_device_count(options, key=key)
     quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
     try:
         with warnings.catch_warnings():
@@ -166,6 +226,46 @@ def _check_accelerator(name: Any, *, key: str) -> None:
     if not any(AcceleratorRegistry[w]["accelerator"].is_available() for w in wanted):
         raise ValueError(
             f"{key}={name!r} is not available on this machine; use 'cpu' (or 'auto' to take what there is)."
+        )
+
+
+def check_device_count(options: Mapping[str, Any], *, key: str = "loop.trainer") -> None:
+    """Refuse more ``devices`` per node than this machine has, before any process is launched for them.
+
+    Each device of a DDP federation is one process (:mod:`lightning_fl.federation.distributed`); on CPU the
+    machine has ``os.cpu_count()`` of them, on GPUs ``torch.cuda.device_count()``. A list of GPU ids must name
+    existing GPUs.
+
+    Raises:
+        ValueError: naming the requested and the available count, and the largest value that works.
+
+    Example:
+        >>> check_device_count({"accelerator": "cpu", "devices": 1})
+        >>> check_device_count({"accelerator": "cpu", "strategy": "ddp", "devices": 100000})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: loop.trainer.devices=100000 asks for 100000 processes on this machine, which has ... CPU(s); ...
+    """
+    devices, accelerator = options.get("devices", 1), str(options.get("accelerator", "cpu"))
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    available, kind = (torch.cuda.device_count(), "GPU(s)") if gpu else (os.cpu_count() or 1, "CPU(s)")
+    if isinstance(devices, list | tuple):
+        wanted = [int(d) for d in devices]
+        missing = [d for d in wanted if not 0 <= d < available] if gpu else []
+        if missing:
+            raise ValueError(
+                f"{key}.devices={wanted} names GPU(s) {missing}, but this machine has {available} GPU(s) "
+                f"(ids 0..{available - 1}); list existing ids."
+            )
+        count = len(wanted)
+    elif isinstance(devices, int) or (isinstance(devices, str) and devices.isdigit()):
+        count = int(devices)
+    else:
+        return  # "auto", -1: resolved by Lightning (and refused for a federation by ranks_requested)
+    if count > available:
+        raise ValueError(
+            f"{key}.devices={devices!r} asks for {count} processes on this machine, which has {available} {kind}; "
+            f"use at most {available}."
         )
 
 
@@ -222,12 +322,19 @@ def check_checkpoints_load_safely(paths: Iterable[Path]) -> None:
 
 
 def check_callback_schedule(
-    callbacks: Sequence[object], *, num_rounds: int, num_clients: int, key: str = "loop.callbacks"
+    callbacks: Sequence[object],
+    *,
+    num_rounds: int,
+    num_clients: int,
+    max_local_steps: int | None = None,
+    key: str = "loop.callbacks",
 ) -> None:
-    """Reject callbacks scheduled at rounds or clients that the run does not have (they would never fire).
+    """Reject callbacks scheduled at rounds, clients or local steps that the run does not have (they would never
+    fire).
 
-    Any callback with ``rounds`` and/or ``clients`` attributes (0-based integers, ``None`` for all clients) is
-    checked, e.g. :class:`~lightning_fl.callbacks.GradientLeakage`.
+    Any callback with ``rounds``, ``clients`` and/or ``step_indices`` attributes (0-based integers, ``None`` for
+    all clients) is checked, e.g. :class:`~lightning_fl.callbacks.GradientLeakage`; ``max_local_steps`` is the
+    most local optimiser steps a client takes in a round (``None``: not checked).
 
     Raises:
         ValueError: naming the callback, its index, the unreachable values and the run's shape.
@@ -251,6 +358,12 @@ def check_callback_schedule(
             raise ValueError(
                 f"{key}[{index}].init_args.clients has {clients}, which do not exist: data.num_clients={num_clients} "
                 f"gives clients 0..{num_clients - 1}."
+            )
+        steps = sorted(s for s in getattr(callback, "step_indices", None) or () if s >= (max_local_steps or math.inf))
+        if steps:
+            raise ValueError(
+                f"{key}[{index}].init_args.step_indices has {steps}, which never run: a client takes at most "
+                f"{max_local_steps} local steps per round (loop.local_steps, or loop.local_epochs x its batches)."
             )
 
 

@@ -61,7 +61,7 @@ def test_fit_resume_continues_from_the_last_round(tmp_path) -> None:
         (["--loop.num_rounds", "-1"], "loop.num_rounds=-1 trains nothing; it must be >= 1"),
         (["--data.dataset", "no-such-data"], "data.dataset='no-such-data' is neither a known dataset"),
         (["--model.init_args.backbone", "resnet9000"], "model.backbone='resnet9000' is unknown"),
-        (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+        (["--data.alpha", "0"], "data.alpha=0.0 must be a finite number > 0"),
         (["--loop.no_such_key", "1"], "unrecognized arguments: --loop.no_such_key"),
     ],
 )
@@ -85,3 +85,12 @@ def test_print_config_shows_every_key_without_training(tmp_path, capsys) -> None
     assert exit_info.value.code == 0
     assert printed["loop"]["clients_per_round"] == 5 and printed["data"]["partition"] == "dirichlet"
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_fit_help_lists_the_toolkits_classes_not_every_library_dataset(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 400 and "DataPipe" not in text and "torchvision.datasets" not in text
+    assert "lightning_fl.ImageTensorDataset" in text and "or any class_path)" in text
+    assert "--overwrite" in text

@@ -75,3 +75,17 @@ class DigitsNet(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+class DigitsSplit(Dataset):
+    """A user's Dataset built from a config (``class_path`` + ``init_args``): the first 1,500 digits or the rest."""
+
+    def __init__(self, train: bool = True) -> None:
+        x, y = digits_tensors()
+        self.inputs, self.labels = (x[:1500], y[:1500]) if train else (x[1500:], y[1500:])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[index], self.labels[index]

@@ -52,10 +52,12 @@ def _finished_records(path: Path, timeout: float) -> list[Any]:
 
 
 def offline_run(run_dir: str | Path, *, timeout: float = 30.0) -> dict[str, Any]:
-    """The config, the metric definitions and the history rows of the one offline run under ``run_dir``."""
+    """The config, the metric definitions (the last per name in ``metrics``, all in order in ``definitions``) and
+    the history rows of the one offline run under ``run_dir``."""
     (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
     config: dict[str, Any] = {}
     metrics: dict[str, str] = {}
+    definitions: list[tuple[str, str]] = []
     history: list[dict[str, Any]] = []
     for record in _finished_records(path, timeout):
         kind = record.WhichOneof("record_type")
@@ -65,6 +67,7 @@ def offline_run(run_dir: str | Path, *, timeout: float = 30.0) -> dict[str, Any]
             config.update({i.key: json.loads(i.value_json) for i in record.config.update})
         elif kind == "metric":
             metrics[record.metric.name or record.metric.glob_name] = record.metric.step_metric
+            definitions.append((record.metric.name or record.metric.glob_name, record.metric.step_metric))
         elif kind == "history":
             history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-    return {"config": config, "metrics": metrics, "history": history}
+    return {"config": config, "metrics": metrics, "definitions": definitions, "history": history}

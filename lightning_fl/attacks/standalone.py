@@ -9,21 +9,25 @@ writes ``summary.json`` (the same ``attacks`` entries as a federated run) and th
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
+import math
 from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
 from lightning_fl.attacks.base import GradientAttack
 from lightning_fl.attacks.report import attack_report
+from lightning_fl.datamodules.datasets import ImageTensorDataset
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.messages import GroundTruth, ServerView
 from lightning_fl.private import public_state
 
-__all__ = ["client_view", "run_attack", "view_on"]
+__all__ = ["check_attack_run", "client_view", "run_attack", "view_on"]
 
 
 def client_view(
@@ -104,6 +108,82 @@ def view_on(view: ServerView, device: str | torch.device) -> ServerView:
     return ServerView(view.leak_point, view.model.to(device), tensors, view.kind, dict(view.metadata))
 
 
+def check_attack_run(
+    attack: GradientAttack,
+    *,
+    data: FederatedDataModule,
+    model: nn.Module,
+    client_id: int = 0,
+    batch_size: int = 1,
+    local_steps: int = 1,
+    local_lr: float = 0.01,
+    device: str = "cpu",
+) -> None:
+    """Check the settings of :func:`run_attack` without running or writing anything (STYLE.md R3).
+
+    Raises:
+        ValueError: naming the ``run.*`` or ``attack.init_args.*`` key: ``client_id`` outside the clients,
+            ``batch_size`` or ``local_steps`` below 1 or beyond the client's images, ``local_lr`` not a finite
+            number > 0, a ``device`` that is malformed or absent, or ``layers`` patterns that match no parameter.
+
+    Example:
+        >>> from lightning_fl.attacks import DLGAttack
+        >>> from lightning_fl.models import LeNetDLG
+        >>> dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+        >>> check_attack_run(DLGAttack(), data=dm, model=LeNetDLG(1, 10, 16), client_id=5)
+        Traceback (most recent call last):
+        ...
+        ValueError: run.client_id=5 is not a client: data.num_clients=2 gives clients 0..1.
+    """
+    if not 0 <= client_id < data.num_clients:
+        raise ValueError(
+            f"run.client_id={client_id} is not a client: data.num_clients={data.num_clients} gives clients "
+            f"0..{data.num_clients - 1}."
+        )
+    if batch_size < 1 or local_steps < 1:
+        key, value = ("run.batch_size", batch_size) if batch_size < 1 else ("run.local_steps", local_steps)
+        raise ValueError(f"{key}={value} must be >= 1.")
+    images = len(data.client_train_set(client_id))
+    if batch_size * local_steps > images:
+        raise ValueError(
+            f"run.batch_size x run.local_steps = {batch_size * local_steps} exceeds the {images} images of "
+            f"client {client_id}; lower them or use data.num_clients: 1."
+        )
+    if not (math.isfinite(local_lr) and local_lr > 0):
+        raise ValueError(f"run.local_lr={local_lr} must be a finite number > 0 (the client's SGD step size).")
+    _check_device(device)
+    layers = getattr(attack, "layers", None)
+    names = [name for name, _ in model.named_parameters()]
+    unmatched = [p for p in layers or () if not any(fnmatch.fnmatch(name, p) for name in names)]
+    if unmatched:
+        raise ValueError(
+            f"attack.init_args.layers has {unmatched}, which match no parameter of {type(model).__name__}; use "
+            f"fnmatch patterns of its parameter names, e.g. {names[:2]}."
+        )
+
+
+def _check_device(device: str) -> None:
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"run.device={device!r} is not a device ({err}); use 'cpu', 'cuda' or 'cuda:1'.") from None
+    if where.type == "cuda" and (where.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(f"run.device={device!r} is not on this machine ({count} CUDA device(s)); use 'cpu'.")
+    if where.type not in ("cpu", "cuda", "mps") or (where.type == "mps" and not torch.backends.mps.is_available()):
+        raise ValueError(f"run.device={device!r} is not available here; use 'cpu' or 'cuda'.")
+
+
+def _batch(client_set: Dataset, chosen: Tensor) -> tuple[Tensor, Tensor, tuple[str, ...] | None]:
+    """Images, labels and (when known) sources of the ``chosen`` samples of any ``(x, y)`` dataset."""
+    if isinstance(client_set, ImageTensorDataset):
+        batch = client_set.subset(chosen)
+        return *batch.tensors(), batch.sources
+    samples = [client_set[int(i)] for i in chosen]
+    images = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x, _ in samples])
+    return images, torch.as_tensor([int(y) for _, y in samples], dtype=torch.long), None
+
+
 def run_attack(
     attack: GradientAttack,
     *,
@@ -140,20 +220,22 @@ def run_attack(
         ``attacked`` (where each attacked image came from: its file for an ImageFolder), ``seconds``.
 
     Raises:
-        ValueError: when ``batch_size`` or ``local_steps`` is below 1, or the client holds too few images.
+        ValueError: see :func:`check_attack_run`.
     """
-    if batch_size < 1 or local_steps < 1:
-        raise ValueError(f"batch_size={batch_size} and local_steps={local_steps} must both be >= 1.")
+    check_attack_run(
+        attack,
+        data=data,
+        model=model,
+        client_id=client_id,
+        batch_size=batch_size,
+        local_steps=local_steps,
+        local_lr=local_lr,
+        device=device,
+    )
     client_set = data.client_train_set(client_id)
-    if batch_size * local_steps > len(client_set):
-        raise ValueError(
-            f"run.batch_size x run.local_steps = {batch_size * local_steps} exceeds the {len(client_set)} images of "
-            f"client {client_id}; lower them or use data.num_clients: 1."
-        )
     chosen = torch.randperm(len(client_set), generator=torch.Generator().manual_seed(seed))[: batch_size * local_steps]
-    batch = client_set.subset(chosen)
-    images, labels = batch.tensors()
-    names = list(batch.sources) if batch.sources is not None else [f"client {client_id} image {int(i)}" for i in chosen]
+    images, labels, sources = _batch(client_set, chosen)
+    names = list(sources) if sources is not None else [f"client {client_id} image {int(i)}" for i in chosen]
     view = client_view(
         model, images, labels, num_classes=data.num_classes, local_steps=local_steps, lr=local_lr, client_id=client_id
     )

@@ -13,6 +13,7 @@ split, so a folder of one's own few images can be attacked as it is).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,22 @@ def _to_float(images: Tensor) -> Tensor:
 def _resize(images: Tensor, image_size: int | None) -> Tensor:
     if image_size is None or (images.shape[-1] == image_size and images.shape[-2] == image_size):
         return images
+    needed = 4 * len(images) * images.shape[1] * image_size**2  # float32 after interpolation
+    if needed > _memory_bytes():
+        raise ValueError(
+            f"data.image_size={image_size} would need {needed / 2**30:.0f} GiB for {len(images)} images, more than "
+            f"this machine's {_memory_bytes() / 2**30:.0f} GiB; lower it (e.g. 32) or set null for the native size."
+        )
     resized = F.interpolate(_to_float(images), size=(image_size, image_size), mode="bilinear", align_corners=False)
     return resized.clamp_(0.0, 1.0)
+
+
+def _memory_bytes() -> int:
+    """Physical memory of this machine (an upper bound on what a dataset may take)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
 
 
 def _set_channels(images: Tensor, channels: int | None) -> Tensor:
@@ -182,6 +197,11 @@ def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
     ds = datasets.ImageFolder(path, transform=transforms.PILToTensor())
     if len(ds) == 0:
         raise ValueError(f"data.dataset={path!r} holds no images in class sub-folders (ImageFolder layout).")
+    if len(ds.classes) < 2:
+        raise ValueError(
+            f"data.dataset={path!r} has one class sub-folder ({ds.classes[0]!r}); a classifier needs at least 2: "
+            "put each class's images in its own sub-folder."
+        )
     sizes = {tuple(ds[i][0].shape) for i in range(min(len(ds), 64))}
     if len(sizes) > 1:
         resize = transforms.Compose([transforms.Resize((64, 64)), transforms.PILToTensor()])

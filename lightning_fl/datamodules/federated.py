@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,15 @@ from lightning_fl.messages import GroundTruth
 
 __all__ = ["DataSource", "FederatedDataModule"]
 
-DataSource = str | Path | Dataset | L.LightningDataModule
+DEFAULT_BATCH_SIZE = 32
+"""Local batch size when neither ``data.batch_size`` nor a ``LightningDataModule`` gives one."""
+DEFAULT_IMAGE_SIZE = 32
+"""Side length that named datasets and ImageFolders are resized to by default."""
+
+DataSource = L.LightningDataModule | Dataset | str | Path
 """What a federation can be built from: a dataset name or ImageFolder path, any ``Dataset`` of ``(x, y)`` samples,
-or a user's ``LightningDataModule``."""
+or a user's ``LightningDataModule``. The classes come first so that a config writes a chosen class back as
+``class_path``/``init_args`` (a ``str`` first would write its ``Namespace(...)`` text, which does not load)."""
 
 
 class FederatedDataModule:
@@ -50,10 +57,12 @@ class FederatedDataModule:
         overlapping_buckets: 2DP-FL's overlapping bucket scheme (``partition="label_buckets"``).
         val_fraction: share of each client's samples held out as its validation set (used by PoGZ,
             FedBoosting and early stopping; 0 disables).
-        batch_size: local mini-batch size for training.
+        batch_size: local mini-batch size for training; ``None``: a ``LightningDataModule``'s own (its
+            ``train_dataloader().batch_size``), else 32.
         eval_batch_size: batch size of validation and test loaders.
         image_size: side length images are resized to (``None`` keeps the native size); names and
-            ImageFolder paths only: a ``Dataset`` or ``LightningDataModule`` is used as it is.
+            ImageFolder paths only: a ``Dataset`` or ``LightningDataModule`` is used as it is, and another value
+            than the default is refused for them.
         channels: force 1 or 3 channels (``None`` keeps the native count); names and ImageFolder paths only.
         root: where torchvision datasets are stored / downloaded.
         download: allow torchvision downloads.
@@ -87,9 +96,9 @@ class FederatedDataModule:
         shards_per_client: int = 2,
         overlapping_buckets: bool = False,
         val_fraction: float = 0.1,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         eval_batch_size: int = 512,
-        image_size: int | None = 32,
+        image_size: int | None = DEFAULT_IMAGE_SIZE,
         channels: int | None = None,
         root: str | None = None,
         download: bool = True,
@@ -106,16 +115,26 @@ class FederatedDataModule:
                 "data.test_dataset is only used with a Dataset `dataset`; names, folders and LightningDataModules "
                 "bring their own test set."
             )
+        if not isinstance(dataset, str | Path) and (image_size not in (None, DEFAULT_IMAGE_SIZE) or channels):
+            raise ValueError(
+                f"data.image_size={image_size} / data.channels={channels} apply to dataset names and ImageFolder "
+                f"paths; a {type(dataset).__name__} is used as it is: drop them (resize in its own transforms)."
+            )
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1).")
-        if batch_size < 1 or eval_batch_size < 1:
+        if (batch_size is not None and batch_size < 1) or eval_batch_size < 1:
             raise ValueError(f"data.batch_size={batch_size} and data.eval_batch_size must be >= 1.")
         if num_clients < 1:
             raise ValueError(f"data.num_clients={num_clients} must be >= 1.")
         if partition not in PARTITIONERS:
             raise ValueError(f"data.partition={partition!r} is unknown; use one of {sorted(PARTITIONERS)}.")
-        if partition == "dirichlet" and alpha <= 0:
-            raise ValueError(f"data.alpha={alpha} must be > 0 (the Dirichlet concentration; 0.5 is common).")
+        if partition == "dirichlet" and not (math.isfinite(alpha) and alpha > 0):
+            raise ValueError(
+                f"data.alpha={alpha} must be a finite number > 0 (the Dirichlet concentration; 0.5 is common, "
+                "partition: iid for no label skew)."
+            )
+        if image_size is not None and image_size < 1:
+            raise ValueError(f"data.image_size={image_size} must be >= 1 (the resized side length; null keeps it).")
         if partition == "shards" and shards_per_client < 1:
             raise ValueError(f"data.shards_per_client={shards_per_client} must be >= 1.")
         self.dataset = str(dataset) if isinstance(dataset, Path) else dataset
@@ -125,7 +144,7 @@ class FederatedDataModule:
         self.shards_per_client = shards_per_client
         self.overlapping_buckets = overlapping_buckets
         self.val_fraction = val_fraction
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.image_size = image_size
         self.channels = channels
@@ -153,6 +172,21 @@ class FederatedDataModule:
         if isinstance(self.dataset, L.LightningDataModule):
             return _datamodule_sets(self.dataset)
         return self.dataset, self.test_dataset
+
+    @property
+    def batch_size(self) -> int:
+        """The local batch size: ``data.batch_size``, else a ``LightningDataModule``'s own, else 32."""
+        if self._batch_size is not None:
+            return self._batch_size
+        if isinstance(self.dataset, L.LightningDataModule):
+            return self._own_batch_size
+        return DEFAULT_BATCH_SIZE
+
+    @cached_property
+    def _own_batch_size(self) -> int:
+        self._sources  # noqa: B018 -- setup("fit") first, as a Trainer would
+        loader = self.dataset.train_dataloader()
+        return int(getattr(loader, "batch_size", None) or DEFAULT_BATCH_SIZE)
 
     @property
     def train_set(self) -> Dataset:

@@ -11,6 +11,10 @@ all-reducing a weighted sum keeps the server side identical to one process, so r
 aggregation and FedBoosting, which need every update, work unchanged, and the results equal the
 single-process run. Each client is trained exactly once per round, on one rank.
 
+Every launched rank dies with the process that launched it (Linux: ``PR_SET_PDEATHSIG``; elsewhere a thread that
+watches the parent), so a killed run leaves no ranks behind; ``devices`` beyond the machine's count is refused
+before anything is launched.
+
 Strategies that launch processes differently cannot run a federation (``ddp_spawn`` and ``ddp_fork``
 pickle or fork the loop per ``fit`` call, ``fsdp`` / ``deepspeed`` shard one model); they are refused before
 training with a one-line error.
@@ -18,9 +22,14 @@ training with a one-line error.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
+import signal
 import socket
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,13 +39,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_fl.federation.run_lock import LAUNCHER_PID_ENV, launched_rank
 from lightning_fl.federation.workers import ClientResult, collect, fit_job, job
+from lightning_fl.validation import check_device_count
 
 if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
     from lightning_fl.messages import ClientUpdate
 
-__all__ = ["RankPool", "Ranks", "launch", "ranks_requested", "serve", "single_device_options"]
+__all__ = ["RankPool", "Ranks", "die_with_launcher", "launch", "ranks_requested", "serve", "single_device_options"]
 
 _LAUNCHED_ONCE = {"ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false"}
 _PROCESS_OPTIONS = ("strategy", "devices", "num_nodes")
@@ -55,6 +66,7 @@ def ranks_requested(options: dict[str, Any]) -> int:
         1
     """
     devices, nodes = options.get("devices", 1), int(options.get("num_nodes", 1))
+    check_device_count(options)
     if devices in ("auto", -1, "-1"):
         raise ValueError(
             f"loop.trainer.devices={devices!r}: give the number of processes of the federation explicitly, e.g. 2."
@@ -103,13 +115,22 @@ def launch(options: dict[str, Any]) -> Ranks:
     """
     import lightning as L
 
+    check_device_count(options)
+    die_with_launcher()
     fabric = L.Fabric(
         accelerator=options.get("accelerator", "cpu"),
         devices=options.get("devices", 1),
         num_nodes=int(options.get("num_nodes", 1)),
         strategy="ddp",
     )
-    fabric.launch()
+    launcher = not launched_rank()
+    if launcher:  # the ranks inherit it while they are started: they share this run's lock and die with it
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    try:
+        fabric.launch()
+    finally:
+        if launcher:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
     rank, world = fabric.global_rank, fabric.world_size
     box = [_free_port() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -118,6 +139,33 @@ def launch(options: dict[str, Any]) -> Ranks:
     dist.barrier()
     dist.destroy_process_group()
     return Ranks(rank, world, fabric.local_rank, fabric.device.type, store)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """In a launched rank, end this process when the process that launched it ends; elsewhere do nothing.
+
+    On Linux the kernel sends SIGKILL on the launcher's death (``prctl(PR_SET_PDEATHSIG)``: a rank blocked in a
+    collective gets no chance to run a Python handler, and it writes nothing); on other systems a daemon thread
+    polls the parent pid. A launcher that died before this call ends the rank at once.
+    """
+    if not launched_rank():
+        return
+    launcher = int(os.environ[LAUNCHER_PID_ENV])
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        threading.Thread(target=_watch_parent, args=(launcher,), daemon=True, name="lightning-fl-parent").start()
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
+def _watch_parent(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _free_port() -> int:

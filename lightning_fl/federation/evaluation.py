@@ -22,9 +22,25 @@ if TYPE_CHECKING:
 
     from lightning_fl.federation.checkpoint import Checkpoint
 
-__all__ = ["ClientEvaluation", "Evaluator", "logged_metric", "mean_over_clients", "trained_clients"]
+__all__ = ["ClientEvaluation", "Evaluator", "eval_hook", "logged_metric", "mean_over_clients", "trained_clients"]
 
 EvalOn = Literal["global", "clients"]
+
+
+def eval_hook(model: L.LightningModule) -> str:
+    """The hook that scores ``model``: ``test_step``, or ``validation_step`` when it defines only that one.
+
+    Example:
+        >>> class OnlyValidation(L.LightningModule):
+        ...     def validation_step(self, batch, batch_idx): ...
+        >>> eval_hook(OnlyValidation()), eval_hook(L.LightningModule())
+        ('validation_step', 'test_step')
+    """
+
+    def overrides(hook: str) -> bool:
+        return getattr(type(model), hook) is not getattr(L.LightningModule, hook)
+
+    return "validation_step" if overrides("validation_step") and not overrides("test_step") else "test_step"
 
 
 def logged_metric(results: dict[str, Any], key: str, *, owner: str, hook: str, field: str) -> float:
@@ -100,7 +116,8 @@ class Evaluator:
         every: evaluate every this many rounds (and always after the last); 0 disables.
         on: ``global`` tests the global model; ``clients`` averages each trained client's own model
             (global public state + its private layers), as personalised defences need.
-        metric: the name the model logs in ``test_step``.
+        metric: the name the model logs in ``test_step`` (in ``validation_step`` when it defines no ``test_step``,
+            as Lightning users expect: :func:`eval_hook`).
 
     Attributes:
         lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
@@ -135,7 +152,7 @@ class Evaluator:
         finally:
             torch.set_num_threads(threads)
         return logged_metric(
-            results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric"
+            results, self.metric, owner=type(model).__name__, hook=eval_hook(model), field="loop.eval_metric"
         )
 
     def check_metric(self, model: L.LightningModule, loader: Iterable[Any]) -> None:
@@ -145,11 +162,16 @@ class Evaluator:
             KeyError: naming ``loop.eval_metric`` and what was logged.
         """
         results = self._results(model, loader, one_batch=True)
-        logged_metric(results, self.metric, owner=type(model).__name__, hook="test_step", field="loop.eval_metric")
+        logged_metric(results, self.metric, owner=type(model).__name__, hook=eval_hook(model), field="loop.eval_metric")
 
     def _results(self, model: L.LightningModule, loader: Iterable[Any], *, one_batch: bool = False) -> dict[str, Any]:
         """What ``Trainer.test(model, loader)`` returns (on the first batch only with ``one_batch``), by
         :func:`lean_test` where it gives the same."""
+        if eval_hook(model) == "validation_step":
+            options = {k: v for k, v in self.options.items() if k != "limit_val_batches"}
+            with quiet_lightning():
+                trainer = build_trainer({**options, "limit_val_batches": 1} if one_batch else options)
+                return trainer.validate(model, dataloaders=loader, verbose=False)[0]
         kind = type(model)
         if kind not in self._needs_trainer:
             reason = options_need_trainer(self.options, ()) or model_needs_trainer(model, stage="test")

@@ -45,14 +45,21 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
 
     Raises:
         FileNotFoundError: when ``path`` does not exist.
-        ValueError: when the file's tensors do not match the model's public state (names the keys and the fix).
+        ValueError: when the file is not a safetensors file, or its tensors do not match the model's public state
+            (names the keys and the fix).
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist; lightning-fl fit writes {GLOBAL_MODEL_FILE}.")
-    state = load_file(str(path))
+    try:
+        state = load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(
+            f"ckpt_path={str(path)!r} is not a safetensors file ({err}); pass the {GLOBAL_MODEL_FILE} a fit run wrote."
+        ) from None
     public = public_state(model)
     private = set(private_state(model)) & set(state)
     if private:

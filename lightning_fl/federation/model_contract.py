@@ -14,12 +14,14 @@ The contract (any ``LightningModule`` meets it without subclassing anything):
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
 from torch import Tensor
 
-__all__ = ["check_model", "split_batch"]
+__all__ = ["check_model", "check_train_loss_key", "split_batch"]
 
 
 def check_model(model: object) -> None:
@@ -40,6 +42,33 @@ def check_model(model: object) -> None:
                 f"{type(model).__name__} does not define {hook}; every client trains it with its own Lightning "
                 f"Trainer, which calls {hook}. Add it (and log the loss with self.log('train_loss', loss))."
             )
+
+
+def check_train_loss_key(
+    model: L.LightningModule, loader: Iterable[Any], *, key: str, trainer_options: dict[str, Any]
+) -> None:
+    """Train a copy of ``model`` for one step on one batch of ``loader``, so a ``loop.train_loss_key`` the model
+    never logs fails before training. A model that logs nothing in ``training_step`` is left alone (contract 1),
+    and so is one whose step fails here without the clients' callbacks: the run itself reports that.
+
+    Raises:
+        KeyError: naming ``loop.train_loss_key``, the keys ``training_step`` logged and the fix.
+    """
+    from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+
+    options = {**trainer_options, "limit_train_batches": 1}
+    with quiet_lightning():
+        trainer = build_trainer(options, max_steps=1, max_epochs=1)
+        try:
+            trainer.fit(copy.deepcopy(model), train_dataloaders=loader)
+        except Exception:  # e.g. a step that needs a defence's client callbacks: the run reports it, not this check
+            return
+    logged = sorted(trainer.callback_metrics)
+    if logged and key not in logged:
+        raise KeyError(
+            f"loop.train_loss_key={key!r} was not logged by {type(model).__name__}.training_step; logged: {logged}. "
+            f"HINT: set loop.train_loss_key to the loss's name or log it with self.log({key!r}, loss)."
+        )
 
 
 def split_batch(model: Any, batch: Any) -> tuple[Tensor, Tensor]:

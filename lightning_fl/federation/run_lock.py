@@ -2,7 +2,8 @@
 
 Two runs writing the same checkpoints, CSV and summary would overwrite each other's rounds. The lock is created
 atomically (``O_CREAT | O_EXCL``) when a run starts writing and removed when it ends. A lock left by a process
-that no longer exists on this host (killed with SIGKILL, a crashed machine) is taken over with a warning.
+that no longer exists on this host (killed with SIGKILL, a crashed machine) is taken over with a warning. The
+ranks a DDP run launches (the script re-run per rank) share their launcher's lock: :data:`LAUNCHER_PID_ENV`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,21 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLock"]
+__all__ = ["LAUNCHER_PID_ENV", "RunLock", "launched_rank"]
+
+LAUNCHER_PID_ENV = "LIGHTNING_FL_LAUNCHER_PID"
+"""Set by a process before it launches DDP ranks (they inherit it): the pid of the run that owns the lock."""
+
+
+def launched_rank() -> bool:
+    """Whether this process is a rank launched by another lightning-fl process (it writes nothing, holds no lock).
+
+    Example:
+        >>> launched_rank()
+        False
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    return launcher is not None and launcher != str(os.getpid())
 
 
 def _alive(pid: int) -> bool:
@@ -61,13 +76,19 @@ class RunLock:
             RuntimeError: naming the pid and host of the run that writes there.
         """
         holder = self.holder()
-        if holder is None or self._held or not self._live(holder):
+        if holder is None or self._held or self._launcher(holder) or not self._live(holder):
             return
         raise RuntimeError(
             f"output_dir {str(self.path.parent)!r} is in use by another lightning-fl run (pid {holder['pid']} on "
             f"{holder['host']}); wait for it to finish or choose another output_dir "
             f"(if that run is gone, delete {str(self.path)!r})."
         )
+
+    @staticmethod
+    def _launcher(holder: dict[str, Any]) -> bool:
+        """The holder launched this rank: the lock is this run's own."""
+        launcher = os.environ.get(LAUNCHER_PID_ENV)
+        return launched_rank() and holder["host"] == socket.gethostname() and str(holder["pid"]) == launcher
 
     @staticmethod
     def _live(holder: dict[str, Any]) -> bool:

@@ -50,12 +50,15 @@ class RoundWandbLogger(WandbLogger):
     @property
     @override
     def experiment(self) -> Any:
-        fresh = self._experiment is None
-        run = super().experiment
-        if fresh and hasattr(run, "define_metric"):
-            run.define_metric("round")
-            run.define_metric("*", step_metric="round", step_sync=True)  # replaces Lightning's global-step axis
-        return run
+        if self._experiment is None and rank_zero_only.rank == 0:
+            import wandb
+
+            if wandb.run is None:  # start the run here: Lightning's start would also make trainer/global_step the
+                self._experiment = wandb.init(**self._wandb_init)  # step metric of every metric ("*")
+                if hasattr(self._experiment, "define_metric"):
+                    self._experiment.define_metric("round")
+                    self._experiment.define_metric("*", step_metric="round", step_sync=True)
+        return super().experiment
 
     @override
     @rank_zero_only

@@ -132,10 +132,11 @@ def check_workers(
     client_callbacks: Sequence[L.Callback],
     backend: str = "processes",
     ranks: int = 1,
+    taps_local_gradients: bool = False,
 ) -> None:
     """Raise a one-line ``ValueError`` when ``loop.workers`` and ``loop.backend`` cannot run with these settings,
     or with ``ranks`` DDP processes (before training); Ray actors train clients outside this process even for one
-    worker."""
+    worker. ``taps_local_gradients``: a callback listens at the type-2 leak point, which only this process sees."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"loop.workers={workers!r} must be an int >= 1 (1 trains clients in this process).")
     if workers > 1 or backend == "ray":
@@ -157,6 +158,12 @@ def check_workers(
         )
     if backend not in ("processes", "ray"):
         raise ValueError(f"loop.backend={backend!r} is unknown; use 'processes' or 'ray'.")
+    if taps_local_gradients and (workers > 1 or backend == "ray" or ranks > 1):
+        raise ValueError(
+            f"loop.workers={workers} (backend {backend!r}, {ranks} DDP process(es)) cannot tap local gradients in "
+            "other processes, and loop.callbacks listen at the type-2 leak point (leak_point='local_gradient'); "
+            "use loop.workers=1 on one device for gradient-leakage attacks on local gradients."
+        )
 
 
 def _serve(runner: ClientRunner, jobs: Any, results: Any, threads: int) -> None:

@@ -45,6 +45,18 @@ def test_run_attack_writes_summary_and_grid(tmp_path: Path) -> None:
     assert entry["num_images"] == 2 and Path(entry["image"]).is_file()
 
 
+def test_run_attack_takes_its_batch_from_a_user_datamodule(tmp_path: Path) -> None:
+    from tests.user_project import DigitsDataModule, DigitsNet
+
+    dm = FederatedDataModule(DigitsDataModule(batch_size=8), num_clients=2, partition="iid")
+    torch.manual_seed(0)
+    attack = DLGAttack(max_iterations=5, progress_bar=False)
+    entry = run_attack(attack, data=dm, model=DigitsNet(), batch_size=2, output_dir=tmp_path)
+    assert entry["num_images"] == 2 and len(entry["attacked"]) == 2
+    assert all(name.startswith("client 0 image ") for name in entry["attacked"])
+    assert 0 <= entry["label_accuracy"] <= 1 and Path(entry["image"]).is_file()
+
+
 def test_client_view_shares_only_public_tensors_and_metadata() -> None:
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
     images, labels = dm.sample_batch(0, 4, seed=0)

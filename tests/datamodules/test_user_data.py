@@ -155,3 +155,26 @@ def test_natural_rgb_photos_in_a_user_dataset_train_our_classifier_from_model_op
         model, dm, num_rounds=2, local_epochs=2, output_dir=tmp_path, checkpoint=False, progress_bar=False
     )
     assert loop.fit()["test_accuracy"] > 0.8  # chance 0.5
+
+
+def test_a_user_datamodule_keeps_its_own_batch_size_unless_data_batch_size_is_set() -> None:
+    own = FederatedDataModule(DigitsDataModule(batch_size=8), num_clients=2, partition="iid")
+    assert own.batch_size == 8 and own.train_dataloader(0).batch_size == 8
+    chosen = FederatedDataModule(DigitsDataModule(batch_size=8), num_clients=2, partition="iid", batch_size=16)
+    assert chosen.train_dataloader(0).batch_size == 16
+    assert FederatedDataModule("digits", num_clients=2, partition="iid").batch_size == 32
+
+
+@pytest.mark.parametrize("options", [{"image_size": 16}, {"channels": 3}])
+def test_image_options_are_refused_for_a_source_used_as_it_is(options) -> None:
+    with pytest.raises(ValueError, match=r"apply to dataset names and ImageFolder paths; a DigitsDataModule is used"):
+        FederatedDataModule(DigitsDataModule(), **options)
+
+
+def test_the_saved_config_of_a_user_datamodule_records_no_unused_image_options(tmp_path) -> None:
+    source = "{class_path: tests.user_project.DigitsDataModule, init_args: {batch_size: 8}}"
+    args = ["--data.dataset", source, "--data.num_clients", "2", "--data.partition", "iid"]
+    args += ["--model", "tests.user_project.DigitsNet", "--loop.num_rounds", "1", "--loop.progress_bar", "false"]
+    assert main(["fit", *args, "--output_dir", str(tmp_path / "run")]) == 0
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "image_size" not in saved and "batch_size: 8" in saved and "batch_size: 32" not in saved

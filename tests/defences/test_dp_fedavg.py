@@ -11,9 +11,9 @@ import torch
 
 from lightning_fl import ClientUpdate
 from lightning_fl.cli import main
+from lightning_fl.contexts import FederationSpec, RoundContext
 from lightning_fl.defences import DPFedAvg
 from lightning_fl.defences.dp.dp_fedavg import update_noise_multiplier
-from lightning_fl.contexts import FederationSpec, RoundContext
 from lightning_fl.privacy import PrivacyAccountant, gaussian_noise
 from tests.conftest import plugin_context
 

@@ -127,3 +127,31 @@ def test_cli_fits_a_user_class_path_model_with_a_top_level_defences_list(defence
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["history"][0]["train_loss"] is not None
     assert ("epsilon" in summary["history"][0]) == (_FED_CDP in defences)
+
+
+class _ValidationOnlyNet(L.LightningModule):
+    """A user's model that scores itself in ``validation_step`` only (no ``test_step``), as many projects do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self.log("val_acc", (self.net(batch[0]).argmax(1) == batch[1]).float().mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+def test_a_model_without_test_step_is_scored_by_its_validation_step(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=8, seed=0)
+    torch.manual_seed(0)
+    loop = FederatedLoop(
+        _ValidationOnlyNet(), dm, num_rounds=2, eval_metric="val_acc", output_dir=tmp_path, progress_bar=False
+    )
+    assert loop.fit()["test_accuracy"] > 0.5  # chance 0.1

@@ -7,11 +7,23 @@ the run directory was not created (no config.yaml, no checkpoints).
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
 
 from lightning_fl.cli import main
 from tests.reliability.helpers import CONFIGS, QUICKSTART, one_error_line
+
+
+@pytest.fixture(autouse=True)
+def _no_process_is_launched(monkeypatch) -> None:
+    """No case may start DDP ranks; should a check regress, the launch fails instead of forking the machine."""
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a bad input reached Fabric.launch")
+
+    monkeypatch.setattr(L.Fabric, "launch", refuse)
+
 
 LEAKAGE = "{class_path: lightning_fl.callbacks.GradientLeakage, init_args: {attack: {class_path: lightning_fl.attacks.DLGAttack}, %s}}"  # noqa: E501
 
@@ -43,7 +55,7 @@ FIT_CASES = {
     "no clients": (["--data.num_clients", "0"], "data.num_clients=0 must be >= 1"),
     "empty batches": (["--data.batch_size", "0"], "data.batch_size=0"),
     "validation share of 150%": (["--data.val_fraction", "1.5"], "data.val_fraction=1.5 must be in [0, 1)"),
-    "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be > 0"),
+    "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be a finite number > 0"),
     "unknown dataset": (["--data.dataset", "no-such-data"], "data.dataset='no-such-data'"),
     "unknown backbone": (["--model.init_args.backbone", "resnet9000"], "backbone='resnet9000' is unknown"),
     "negative lr": (["--model.init_args.lr", "-1"], "lr=-1.0 must be > 0"),
@@ -65,6 +77,28 @@ FIT_CASES = {
     "attack round that never runs": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [99]'}]"], "rounds has [99]"),
     "attack client that does not exist": (["--loop.callbacks", f"[{LEAKAGE % 'clients: [99]'}]"], "clients has [99]"),
     "negative attack round": (["--loop.callbacks", f"[{LEAKAGE % 'rounds: [-1]'}]"], "rounds=[-1]"),
+    "image_size 0": (["--data.image_size", "0"], "data.image_size=0 must be >= 1"),
+    "negative image_size": (["--data.image_size", "-8"], "data.image_size=-8 must be >= 1"),
+    "image_size beyond memory": (["--data.image_size", "100000"], "data.image_size=100000 would need"),
+    "negative seed": (["--seed_everything", "-1"], "seed_everything=-1 must be between 0 and 4294967295"),
+    "Dirichlet alpha NaN": (["--data.alpha", ".nan"], "data.alpha=nan must be a finite number > 0"),
+    "Dirichlet alpha infinite": (["--data.alpha", ".inf"], "data.alpha=inf must be a finite number > 0"),
+    "train_loss_key not logged": (
+        ["--loop.train_loss_key", "nope"],
+        "loop.train_loss_key='nope' was not logged by ImageClassifier.training_step; logged: ['train_loss']",
+    ),
+    "attack step that never runs": (
+        ["--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient, step_indices: [100000]'}]"],
+        "step_indices has [100000], which never run: a client takes at most",
+    ),
+    "workers with a local-gradient attack": (
+        ["--loop.workers", "2", "--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient'}]"],
+        "loop.workers=2 (backend 'processes', 1 DDP process(es)) cannot tap local gradients",
+    ),
+    "more CPU devices than exist": (
+        ["--loop.trainer", "{accelerator: cpu, strategy: ddp, devices: 100000}"],
+        "loop.trainer.devices=100000 asks for 100000 processes on this machine",
+    ),
 }
 
 
@@ -119,6 +153,16 @@ def test_yaml_config_with_an_unknown_key_is_rejected(tmp_path, capsys) -> None:
         (["--attack.class_path", "nope.Attack"], "attack (class_path 'nope.Attack')"),
         (["--run.batch_size", "abc"], "run.batch_size='abc' is invalid: expected an integer"),
         (["--data.partition", "foo"], "data.partition='foo' is invalid"),
+        (["--run.batch_size", "0"], "run.batch_size=0 must be >= 1"),
+        (["--run.batch_size", "100000"], "run.batch_size x run.local_steps = 100000 exceeds the"),
+        (["--run.local_steps", "0"], "run.local_steps=0 must be >= 1"),
+        (["--run.client_id", "99"], "run.client_id=99 is not a client: data.num_clients=10"),
+        (["--run.client_id", "-1"], "run.client_id=-1 is not a client"),
+        (["--run.device", "nope"], "run.device='nope' is not a device"),
+        (["--run.device", "cuda:99"], "run.device='cuda:99' is not on this machine"),
+        (["--run.local_lr", ".nan"], "run.local_lr=nan must be a finite number > 0"),
+        (["--run.local_lr", "-1"], "run.local_lr=-1.0 must be a finite number > 0"),
+        (["--attack.init_args.layers", "[nope.*]"], "attack.init_args.layers has ['nope.*'], which match no parameter"),
     ],
 )
 def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
@@ -127,3 +171,44 @@ def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys,
     assert rc == 2
     assert message in one_error_line(capsys.readouterr().err)
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty; a config is a YAML mapping"),
+        (b"- a\n- b\n", "holds a YAML list, not a mapping"),
+        (bytes(range(128, 256)), "is not text (a binary file?)"),
+        (b"a: [", "is not valid YAML"),
+    ],
+    ids=["empty", "list", "binary", "broken"],
+)
+def test_a_config_file_that_is_no_mapping_is_named_with_the_fix(tmp_path, capsys, content: bytes, message: str):
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(content)
+    assert main(["fit", "-c", str(config), "--output_dir", str(tmp_path / "run")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"config={str(config)!r} {message}" in line and "e.g. 'loop: {num_rounds: 2}'" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_image_folder_of_one_class_is_refused_with_the_fix(tmp_path, capsys) -> None:
+    from PIL import Image
+
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    for i in range(4):
+        Image.new("L", (8, 8), color=40 * i).save(tmp_path / "photos" / "cat" / f"{i}.png")
+    args = ["--data.dataset", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "run")]
+    assert main(["fit", "-c", str(QUICKSTART), *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "has one class sub-folder ('cat'); a classifier needs at least 2" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_test_refuses_a_checkpoint_that_is_not_safetensors(tmp_path, capsys) -> None:
+    ckpt = tmp_path / "model.ckpt"
+    ckpt.write_bytes(b"not a safetensors file")
+    args = ["--ckpt_path", str(ckpt), "--output_dir", str(tmp_path / "run"), "--data.image_size", "16"]
+    assert main(["test", "-c", str(QUICKSTART), *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"ckpt_path={str(ckpt)!r} is not a safetensors file" in line and "global_model.safetensors" in line

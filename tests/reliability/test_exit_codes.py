@@ -150,3 +150,35 @@ def test_a_signal_during_training_exits_with_one_line_and_a_resumable_run(tmp_pa
     assert not list(run.rglob("*.tmp")) and not (run / ".lightning-fl.lock").exists()
     committed = json.loads((run / "manifest.json").read_text())["round_idx"]
     assert committed - 1 <= _rounds(summary) <= committed
+
+
+def _importing_torch(pid: int) -> bool:
+    """Whether process ``pid`` has begun loading torch's libraries (the command's imports are under way)."""
+    try:
+        return "libtorch" in open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_while_the_command_imports_exits_with_143(tmp_path) -> None:
+    process = _command(*_fit(tmp_path / "run"))
+    deadline = time.monotonic() + 60
+    while not _importing_torch(process.pid) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)  # torch and Lightning are still importing: main() has not started
+    process.communicate(timeout=60)
+    assert process.returncode == 143
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # a whole run in a subprocess
+def test_sigint_after_the_last_round_exits_with_130(tmp_path) -> None:
+    process = _command(*_fit(tmp_path / "run"))
+    for line in process.stdout:
+        if line.startswith("summary:"):  # the last line main() prints before it returns
+            time.sleep(0.2)  # the interpreter shuts down: Python's own handlers are gone then
+            process.send_signal(signal.SIGINT)
+            break
+    process.communicate(timeout=60)
+    assert process.returncode in (0, 130)  # done, or interrupted while exiting: never killed by the signal (-2)

@@ -1,0 +1,93 @@
+"""One line per problem: the messages ``lightning-fl`` prints for an error or a warning.
+
+jsonargparse reports a bad config as nested exceptions whose keys and reasons are spread over the chain; this
+module joins them back into one line that names the full key, the value and what was expected (STYLE.md R3).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+
+__all__ = ["format_warning", "one_line"]
+
+
+def format_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
+    """One line per warning, like the errors: ``lightning-fl: warning: <message>``."""
+    return f"lightning-fl: warning: {' '.join(str(message).split())}\n"
+
+
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+_EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
+_UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
+
+
+def _type_name(annotation: str) -> str:
+    """``<class 'int'>`` -> ``an integer``; ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    if annotation.startswith("typing.Literal[") and annotation.endswith("]"):
+        return f"one of {annotation[len('typing.Literal[') : -1]}"
+    name = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", annotation).replace("NoneType", "null")
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "dict": "a mapping"}.get(name, name)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    chain = [err]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    return chain
+
+
+def one_line(err: BaseException) -> str:
+    """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
+
+    jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
+    the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
+    turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.``
+    """
+    chain = _chain(err)
+    keys: list[str] = []
+    for link in chain:
+        match = _PARSER_KEY.match(str(link))
+        if match and (not keys or keys[-1] != match.group(1)):
+            keys.append(match.group(1))
+    last = chain[-1]
+    innermost = " ".join(str(last.args[0] if isinstance(last, KeyError) and last.args else last).split())
+    expected = _EXPECTED.search(innermost)
+    if keys and expected:
+        key = ".init_args.".join(keys)
+        value = expected.group(2)
+        union = str(chain[-2]) if len(chain) > 1 else ""
+        alternatives = [_type_name(t) for t in _UNION_ALTERNATIVE.findall(union)]
+        if "Problem with given class_path" in union or not alternatives:
+            alternatives = [_type_name(expected.group(1))]
+        message = f"{key}={value!r} is invalid: expected {' or '.join(alternatives)}."
+        if "a mapping" in alternatives and ":" in value:
+            message += " On the command line write a YAML mapping with a space after each colon: '{accelerator: cpu}'."
+        return message
+    if keys:
+        return _keyed(".init_args.".join(keys), innermost, chain)
+    return innermost.split(" failed: ", 1)[-1]
+
+
+def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
+    """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
+    class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
+    option = _NOT_ACCEPTED.search(innermost)
+    if option and class_path:
+        name = option.group(1)
+        try:
+            module, _, attr = class_path.rpartition(".")
+            known = inspect.signature(getattr(importlib.import_module(module), attr)).parameters
+        except (ImportError, AttributeError, ValueError, TypeError):
+            known = {}
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        return f"{key}.init_args.{name} is not an option of {class_path}{hint}"
+    if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
+        return innermost
+    where = f" (class_path {class_path!r})" if class_path else ""
+    return f"{key}{where}: {innermost}"

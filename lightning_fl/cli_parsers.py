@@ -1,0 +1,137 @@
+"""The argument parsers of ``lightning-fl``: one per subcommand, built from the signatures they configure.
+
+Configs follow jsonargparse / LightningCLI conventions: every key of a YAML config can also be given on the
+command line (``--loop.num_rounds 5``), classes are chosen with ``class_path``/``init_args``, and
+``--print_config`` prints the resolved config. The model's ``num_classes``, ``in_channels``, ``image_size``,
+``input_mean`` and ``input_std`` are linked from the data when the model's ``__init__`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import lightning as L
+from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter
+
+from lightning_fl.bench.command import bench_parser
+from lightning_fl.datamodules.federated import FederatedDataModule
+from lightning_fl.defences.base import Defence
+from lightning_fl.federation.export import GLOBAL_MODEL_FILE
+from lightning_fl.federation.loop import FederatedLoop
+
+__all__ = ["DESCRIPTION", "SUBCOMMANDS", "ShortHelpFormatter", "build_parser"]
+
+DESCRIPTION = "The ``lightning-fl`` command: federated training, attacks, benchmarks and evaluation of saved models."
+
+_KNOWN = ", known subclasses: "
+_LIBRARY_CLASSES = ("torch.", "torchvision.", "lightning.", "pytorch_lightning.", "torchmetrics.")
+
+
+class ShortHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, with each type's list of known subclasses cut to the toolkit's and the user's own.
+
+    jsonargparse lists every imported subclass of a type: ``torch.utils.data.Dataset`` brings about 150 DataPipe
+    and torchvision classes, printed for ``--data.dataset`` and again for ``--data.test_dataset``. Any class path
+    is still accepted; the help says so instead of listing the libraries' classes.
+    """
+
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        head, known, tail = text.partition(_KNOWN)
+        if not known or not tail.endswith(")"):
+            return text
+        paths = tail[:-1].split(", ")
+        own = [path for path in paths if not path.startswith(_LIBRARY_CLASSES)]
+        listed = f"{_KNOWN}{', '.join(own)}" if own else ""
+        return f"{head}{listed}{', or any class_path' if len(own) < len(paths) else ''})"
+
+
+_DATA_LINKS = (
+    "num_classes",
+    "in_channels",
+    "image_size",
+    "input_mean",
+    "input_std",
+)  # FederatedDataModule.model_options
+
+
+def _common(parser: ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="Path to a YAML config.")
+    parser.add_argument("--seed_everything", type=int, default=0, help="Seed of model init, partition and loop.")
+    parser.add_argument("--output_dir", type=str, default="runs/lightning-fl", help="Run directory.")
+    parser.add_class_arguments(FederatedDataModule, "data")
+    parser.add_subclass_arguments(L.LightningModule, "model", required=True)
+    parser.add_argument(
+        "--defences", type=list[Defence], default=[], help="Defence bundles applied to the model (and the run)."
+    )
+    for key in _DATA_LINKS:
+        parser.link_arguments(
+            "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
+        )
+
+
+def _parser(description: str, **kwargs: Any) -> ArgumentParser:
+    """A parser that takes keys spelt in full only and prints the short help."""
+    return ArgumentParser(description=description, allow_abbrev=False, formatter_class=ShortHelpFormatter, **kwargs)
+
+
+def _model_option(data: FederatedDataModule, key: str) -> Any:
+    return data.model_options[key]
+
+
+def _fit_parser() -> ArgumentParser:
+    parser = _parser("Federated training with per-client Lightning Trainers.")
+    _common(parser)
+    parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
+    parser.add_argument(
+        "--overwrite", type=bool, default=False, help="Replace the run already in output_dir (it is deleted)."
+    )
+    parser.add_class_arguments(
+        FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
+    )
+    return parser
+
+
+def _attack_parser() -> ArgumentParser:
+    from lightning_fl.attacks.base import GradientAttack
+    from lightning_fl.attacks.standalone import run_attack
+
+    parser = _parser("One gradient-leakage attack on one batch of a client's data (no rounds).")
+    _common(parser)
+    parser.add_subclass_arguments(GradientAttack, "attack", required=True)
+    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
+    return parser
+
+
+def _evaluate_parser(stage: str) -> Callable[[], ArgumentParser]:
+    def build() -> ArgumentParser:
+        parser = _fit_parser()
+        where = "the test set" if stage == "test" else "the clients' validation splits, pooled"
+        parser.description = f"{stage.capitalize()} a saved public global model ({GLOBAL_MODEL_FILE}) on {where}."
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None, help=f"Default: <output_dir>/{GLOBAL_MODEL_FILE}."
+        )
+        return parser
+
+    return build
+
+
+SUBCOMMANDS: dict[str, Callable[[], ArgumentParser]] = {
+    "fit": _fit_parser,
+    "attack": _attack_parser,
+    "bench": bench_parser,
+    "validate": _evaluate_parser("validate"),
+    "test": _evaluate_parser("test"),
+}
+
+
+def build_parser() -> ArgumentParser:
+    """The ``lightning-fl`` parser with one subcommand per entry of :data:`SUBCOMMANDS`."""
+    parser = _parser(DESCRIPTION, prog="lightning-fl", exit_on_error=False)
+    subcommands = parser.add_subcommands(required=True, dest="subcommand")
+    for name, build in SUBCOMMANDS.items():
+        sub = build()
+        subcommands.add_subcommand(name, sub, help=sub.description)
+    return parser
