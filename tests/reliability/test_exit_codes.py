@@ -102,6 +102,13 @@ def test_the_cli_shows_the_toolkits_warnings_and_hides_lightnings(recwarn) -> No
     assert [str(w.message) for w in recwarn] == ["client 3 dropped"]
 
 
+def _as_in_a_terminal() -> None:
+    """Start the command with SIGINT at its default, as a terminal does: the command keeps a SIGINT its parent
+    ignores ignored (a background job's), and an in-process test may have left this pytest worker ignoring it
+    (Lightning ignores SIGINT after a KeyboardInterrupt in ``Trainer.fit``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _command(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     return subprocess.Popen(
@@ -111,6 +118,7 @@ def _command(*args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_in_a_terminal,
     )
 
 
