@@ -107,53 +107,53 @@ class GradientLeakage(FederatedCallback):
         return client_id is None or self.clients is None or client_id in self.clients
 
     @override
-    def on_local_gradient(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self.attack_and_log(loop, view, ground_truth, step=view.metadata["step"])
+    def on_local_gradient(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+        self.attack_and_log(federation, view, ground_truth, step=view.metadata["step"])
 
     @override
-    def on_client_update(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self.attack_and_log(loop, view, ground_truth)
+    def on_client_update(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+        self.attack_and_log(federation, view, ground_truth)
 
     @override
-    def on_aggregate_end(self, loop: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
-        self.attack_and_log(loop, view, ground_truth)
+    def on_aggregate_end(self, federation: FederationView, view: ServerView, ground_truth: GroundTruth) -> None:
+        self.attack_and_log(federation, view, ground_truth)
 
     def attack_and_log(
-        self, loop: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
+        self, federation: FederationView, view: ServerView, ground_truth: GroundTruth, *, step: int | None = None
     ) -> None:
         """Attack one view, score it against ``ground_truth`` and log the entry (what every hook of the callback
         does); a subclass may wrap it, e.g. to record an attack's failure instead of stopping the run."""
         client = view.metadata.get("client_id")
         name = getattr(self.attack, "name", type(self.attack).__name__)
         if not view.tensors:  # the server reads nothing here (Paillier ciphertexts): the defence's result, recorded
-            where = {"round": loop.round_idx, "client": client, "leak_point": self.leak_point, "step": step}
-            loop.record_attack({"attack": name, **where, "readable": False})
+            where = {"round": federation.round_idx, "client": client, "leak_point": self.leak_point, "step": step}
+            federation.record_attack({"attack": name, **where, "readable": False})
             return
         leaked = leaked_batch_size(view)
         if leaked > self.max_images:
             warnings.warn(
-                f"GradientLeakage skipped round {loop.round_idx}, client {client} at {self.leak_point!r}: the view "
-                f"hides {leaked} images (batch_size x local_steps) > max_images={self.max_images}. Attack "
+                f"GradientLeakage skipped round {federation.round_idx}, client {client} at {self.leak_point!r}: the "
+                f"view hides {leaked} images (batch_size x local_steps) > max_images={self.max_images}. Attack "
                 "'local_gradient', or train the attacked setting with loop.local_steps=1 and a small "
                 "data.batch_size, or raise max_images.",
                 stacklevel=2,
             )
             return
         reconstruction = self.attack.reconstruct(view)
-        tag = f"{name}_{self.leak_point}_r{loop.round_idx}" + (f"_c{client}" if client is not None else "")
+        tag = f"{name}_{self.leak_point}_r{federation.round_idx}" + (f"_c{client}" if client is not None else "")
         tag += f"_s{step}" if step is not None else ""
         report = attack_report(
             reconstruction,
             ground_truth,
             num_classes=view.metadata.get("num_classes"),
-            path=loop.output_dir / "attacks" / f"{tag}.png" if self.save_images else None,
-            title=f"{name} on {self.leak_point}, round {loop.round_idx}"
+            path=federation.output_dir / "attacks" / f"{tag}.png" if self.save_images else None,
+            title=f"{name} on {self.leak_point}, round {federation.round_idx}"
             + (f", client {client}" if client is not None else ""),
         )
         scores = {k: v for k, v in report.items() if k not in ("image", "matched_sources")}
         entry: dict[str, Any] = {
             "attack": name,
-            "round": loop.round_idx,
+            "round": federation.round_idx,
             "client": client,
             "leak_point": self.leak_point,
             **scores,
@@ -163,11 +163,11 @@ class GradientLeakage(FederatedCallback):
         }
         if report["image"] is not None:
             entry["image"] = report["image"]
-            for logger in loop.loggers:
+            for logger in federation.loggers:
                 if hasattr(logger, "log_image"):
-                    logger.log_image(key=f"attacks/{tag}", images=[report["image"]], step=loop.round_idx)
+                    logger.log_image(key=f"attacks/{tag}", images=[report["image"]], step=federation.round_idx)
         prefix = f"attack/{name}/{self.leak_point}" + (f"/client_{client}" if client is not None else "")
         numeric = {f"{prefix}/{k}": v for k, v in scores.items() if isinstance(v, int | float)}
-        for logger in loop.loggers:
-            logger.log_metrics(numeric, step=loop.round_idx)
-        loop.record_attack(entry)
+        for logger in federation.loggers:
+            logger.log_metrics(numeric, step=federation.round_idx)
+        federation.record_attack(entry)

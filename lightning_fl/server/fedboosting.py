@@ -6,8 +6,7 @@ Recognition"), Algorithms 2-3: each client model :math:`i` is evaluated on every
 validation set (:math:`V^{i,j}`, Eq. 4.3), its training loss :math:`T^i` is reported, and the global update
 is :math:`G = \sum_i p^i G^i` (Eq. 4.1) with weights from :math:`T` and :math:`V`:
 
-* ``weighting="inverse_losses"`` (default): the formula of the authors' code
-  (``fed_server.process_client_test_result``),
+* ``weighting="inverse_losses"`` (default): the formula of the authors' code (``process_client_test_result``),
   :math:`a_i = \frac{1}{\mathrm{mean}_j V^{i,j}} \cdot \frac{1/T_i}{\sum_k 1/T_k}`, :math:`p = a / \sum_k a_k`.
 * ``weighting="softmax_losses"``: Eq. 4.2 read literally, :math:`p = \mathrm{softmax}(\mathrm{softmax}(T) \odot V)`
   with :math:`V_i = \sum_j V^{i,j}`. On losses this gives *more* weight to models with higher training and

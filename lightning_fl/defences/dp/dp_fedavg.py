@@ -180,10 +180,10 @@ class DPFedAvg(Defence, ClientTransform, FederatedCallback, PrivacyLedger):
 
     # -- callback: what the summary says about the accounting -------------------------------------------------
     @override
-    def on_fit_start(self, loop: FederationView) -> None:
-        spec = loop.spec
+    def on_fit_start(self, federation: FederationView) -> None:
+        spec = federation.spec
         z_update, sigma_b = self.noise_split(spec.clients_per_round)
-        loop.describe_privacy(
+        federation.describe_privacy(
             type(self).__name__,
             {
                 "level": "user (one client's whole update)",

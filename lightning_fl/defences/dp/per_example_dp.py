@@ -153,15 +153,15 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
 
     # -- federated hooks ---------------------------------------------------------------------------------
     @override
-    def on_fit_start(self, loop: FederationView) -> None:
-        if self.dp not in loop.client_callbacks:
+    def on_fit_start(self, federation: FederationView) -> None:
+        if self.dp not in federation.client_callbacks:
             raise ValueError(
                 f"{type(self).__name__} is a defence bundle: put it in loop.defences (YAML: the top-level "
                 "`defences:` list), not in loop.callbacks, so that its PerExampleDP runs in every client's Trainer."
             )
-        self._num_tensors = sum(1 for p in loop.global_model.parameters() if p.requires_grad)
-        self._client_extra = {c.client_id: c.extra for c in loop.clients}
-        spec = loop.spec
+        self._num_tensors = sum(1 for p in federation.global_model.parameters() if p.requires_grad)
+        self._client_extra = {c.client_id: c.extra for c in federation.clients}
+        spec = federation.spec
         if self.accounting == "federation" and not self.federation_accountant.history and self.steps_offset:
             self.federation_accountant.step(
                 noise_multiplier=self._step_multiplier(spec, 0),
@@ -170,10 +170,10 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             )
         self._epsilons = {
             c.client_id: self._client_accountant(c.extra).get_epsilon(self.delta)
-            for c in loop.clients
+            for c in federation.clients
             if self.extra_key in c.extra
         }
-        loop.describe_privacy(type(self).__name__, self._sampling_facts())
+        federation.describe_privacy(type(self).__name__, self._sampling_facts())
 
     def _sampling_facts(self) -> dict[str, Any]:
         rate = "B*K_t/N per round (Fed-CDP Sec. IV-B)" if self.accounting == "federation" else "B/n_k per local step"
@@ -186,30 +186,30 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
         return facts
 
     @override
-    def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, federation: FederationView, round_idx: int, selected: list[int]) -> None:
         if self.accounting == "federation":
             self.federation_accountant.step(
-                noise_multiplier=self._step_multiplier(loop.spec, selected[0]),
-                sample_rate=self._federation_sample_rate(loop.spec),
-                steps=self._federation_steps(loop.spec),
+                noise_multiplier=self._step_multiplier(federation.spec, selected[0]),
+                sample_rate=self._federation_sample_rate(federation.spec),
+                steps=self._federation_steps(federation.spec),
             )
 
     @override
-    def on_client_fit_start(self, loop: FederationView, client_id: int) -> None:
-        client = loop.clients[client_id]
-        self.dp.max_grad_norm = self.clip_schedule(loop.round_idx)
-        self.dp.seed = loop.round_context().seed("per-example-dp", client_id)
-        self.dp.sample_rate = loop.spec.sample_rate(client_id)
+    def on_client_fit_start(self, federation: FederationView, client_id: int) -> None:
+        client = federation.clients[client_id]
+        self.dp.max_grad_norm = self.clip_schedule(federation.round_idx)
+        self.dp.seed = federation.round_context().seed("per-example-dp", client_id)
+        self.dp.sample_rate = federation.spec.sample_rate(client_id)
         self.dp.privacy_accountant = self._client_accountant(client.extra)
 
     @override
-    def on_client_fit_end(self, loop: FederationView, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, federation: FederationView, update: ClientUpdate) -> None:
         accountant = self.dp.privacy_accountant
-        loop.set_client_extra(update.client_id, self.extra_key, accountant.state_dict())
+        federation.set_client_extra(update.client_id, self.extra_key, accountant.state_dict())
         self._client_extra[update.client_id] = {self.extra_key: accountant.state_dict()}
         self._epsilons[update.client_id] = accountant.get_epsilon(self.delta)
         self.dp.release = None
-        loop.log_metrics({"epsilon": self.epsilon_spent(), "clip_bound": self.dp.max_grad_norm})
+        federation.log_metrics({"epsilon": self.epsilon_spent(), "clip_bound": self.dp.max_grad_norm})
 
     def _client_accountant(self, extra: dict[str, Any]) -> PrivacyAccountant:
         accountant = self._new_accountant()

@@ -145,7 +145,7 @@ class SecAggMasking(ClientTransform, FederatedCallback, Defence):
 
     # -- rounds 0-1, on the selected clients' devices ------------------------------------------------------
     @override
-    def on_round_start(self, loop: FederationView, round_idx: int, selected: list[int]) -> None:
+    def on_round_start(self, federation: FederationView, round_idx: int, selected: list[int]) -> None:
         self.setup_round(round_idx, selected)
 
     def setup_round(self, round_idx: int, clients: Sequence[int]) -> RoundKeys:
