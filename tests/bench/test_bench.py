@@ -136,3 +136,19 @@ def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
     threats = settings["threat_models"]
     assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
     assert any(t.get("trained") for t in threats.values()) and len(threats) >= 3
+
+
+def test_fl_and_dp_algorithms_are_grid_entries(tmp_path) -> None:
+    """FedAdam (an aggregator), FedProx (a client callback), DP-FedAvg and SecAgg (defence bundles) as bench rows."""
+    grid = {**MINI, "threat_models": {"fedsgd_b1": _B1}}
+    grid["defences"] = {
+        "fedadam": {"loop": {"aggregator": {"class_path": "lightning_fl.FedAdam"}}},
+        "fedprox": {"client_callbacks": [{"class_path": "lightning_fl.FedProx", "init_args": {"mu": 0.01}}]},
+        "dp_fedavg": {
+            "defences": [{"class_path": "lightning_fl.defences.DPFedAvg", "init_args": {"clipped_count_stddev": 1.0}}]
+        },
+        "secagg": {"defences": [{"class_path": "lightning_fl.defences.SecAggMasking"}]},
+    }
+    rows = {r["defence"]: r for r in run_bench(grid, tmp_path, print_=lambda _: None)}
+    assert all(r["status"] == "ok" for r in rows.values()), {d: r["status"] for d, r in rows.items()}
+    assert rows["dp_fedavg"]["epsilon_mean"] > 0 and rows["fedadam"]["epsilon_mean"] is None
