@@ -1,6 +1,17 @@
 """Benchmark grid: every attack against every defence on the same federated loop (``lightning-fl bench``)."""
 
+from lightning_fl.bench.experiment import build_loop, fit_config_spec, fit_spec
 from lightning_fl.bench.grid import Cell, Utility, cells, load_settings, utilities
 from lightning_fl.bench.runner import run_bench
 
-__all__ = ["Cell", "Utility", "cells", "load_settings", "run_bench", "utilities"]
+__all__ = [
+    "Cell",
+    "Utility",
+    "build_loop",
+    "cells",
+    "fit_config_spec",
+    "fit_spec",
+    "load_settings",
+    "run_bench",
+    "utilities",
+]

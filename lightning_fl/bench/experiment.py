@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation import FederatedLoop
 
-__all__ = ["build_loop", "fit_spec", "recorded_warnings"]
+__all__ = ["build_loop", "fit_config_spec", "fit_spec", "recorded_warnings"]
 
 _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
 """The data options the command links into a model's ``init_args`` (when the model accepts them)."""
+
+_SPEC_KEYS = frozenset({"data", "model", "loop", "defences", "client_callbacks", "seed"})
 
 
 def build_loop(
@@ -74,6 +76,38 @@ def build_loop(
         progress_bar=progress_bar,
         **loop_options,
     )
+
+
+def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:
+    """The spec of a ``lightning-fl fit`` YAML config (``seed_everything`` becomes ``seed``), ``overrides`` on top.
+
+    Each override replaces one top-level key (``data``, ``model``, ``loop``, ``defences``, ``client_callbacks``,
+    ``seed``) whole; ``output_dir`` and ``resume`` of the file are not part of a spec (:func:`build_loop` takes the
+    directory).
+
+    Raises:
+        ValueError: naming the file when it is missing, is not a mapping, or has a key a spec does not know.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such fit config; give a YAML file from configs/.")
+    config = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: a fit config is a mapping of settings, not {type(config).__name__}.")
+    spec: dict[str, Any] = {
+        "seed": config.pop("seed_everything", 0),
+        "loop": {},
+        "defences": [],
+        "client_callbacks": [],
+    }
+    for key in ("output_dir", "resume", "overwrite"):
+        config.pop(key, None)
+    unknown = sorted(set(config) - _SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: keys {unknown} are not fit settings; a spec has {sorted(_SPEC_KEYS)}.")
+    return {**spec, **config, **overrides}
 
 
 @contextmanager
