@@ -287,12 +287,11 @@ class ClientContext(RoundContext):
 
 class ClientEvaluationStep(Protocol):
     """The declared evaluation step on the clients' side (see
-    :class:`~lightning_fl.federation.evaluation.ClientEvaluation`): clients decode a shared model with their own
-    state, evaluate it on their own data (``split``, ``metric`` and the other options) and return only the losses."""
+    :class:`~lightning_fl.federation.evaluation.ClientEvaluation`): clients decode a shared model through their
+    client transforms' ``decode_aggregate``, add it to ``ctx.global_state``, evaluate it on their own data (``split``,
+    ``metric`` and the other options) and return only the losses."""
 
-    def losses(
-        self, message: Any, *, base_state: dict[str, Tensor], client_ids: Sequence[int], **options: Any
-    ) -> list[float]: ...
+    def losses(self, message: Any, *, ctx: RoundContext, client_ids: Sequence[int], **options: Any) -> list[float]: ...
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from torch.utils.data import DataLoader
 from lightning_fl.contexts import ClientState
 from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+from lightning_fl.federation.updates import decode_aggregate
 from lightning_fl.private import load_state_into, private_state
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.checkpoint import Checkpoint
+    from lightning_fl.transforms import ClientTransform
 
 __all__ = ["ClientEvaluation", "Evaluator", "eval_hook", "logged_metric", "mean_over_clients", "trained_clients"]
 
@@ -57,8 +60,9 @@ class ClientEvaluation:
     """A declared evaluation step on the clients' side: a model goes out, one scalar loss per client comes back.
 
     A server-side rule that needs the clients' judgement (FedBoosting's cross-validation, thesis Alg. 2) asks
-    for it here instead of reaching into the clients: each client decodes the message with its own state (a
-    Paillier key), loads its own private layers and evaluates on its own data; only the losses go back.
+    for it here instead of reaching into the clients: a client decodes the message through the client transforms'
+    ``decode_aggregate`` (the seam that decodes every aggregate: Paillier decrypts with the client's key and counts
+    the download), loads its own private layers and evaluates on its own data; only the losses go back.
     Simulation shortcut (documented in FedBoosting): the first client of ``client_ids`` decodes once for all.
 
     Args:
@@ -66,10 +70,22 @@ class ClientEvaluation:
         datamodule: the federated data (each client's train and validation sets).
         states: the clients' own states.
         options: the inner Trainers' options.
+        client_transforms: the client-side chain whose ``decode_aggregate`` decodes a message.
+        context: builds a client's :class:`~lightning_fl.contexts.ClientContext` in a round.
     """
 
-    def __init__(self, model: L.LightningModule, datamodule: Any, states: Sequence[ClientState], options: dict) -> None:
+    def __init__(
+        self,
+        model: L.LightningModule,
+        datamodule: Any,
+        states: Sequence[ClientState],
+        options: dict,
+        *,
+        client_transforms: Sequence[ClientTransform] = (),
+        context: Callable[[RoundContext, int], ClientContext] | None = None,
+    ) -> None:
         self._global, self._datamodule, self._states, self._options = model, datamodule, states, options
+        self._transforms, self._context = client_transforms, context
         self._model: L.LightningModule | None = None  # copied on first use: most runs never ask
         self._trainer: L.Trainer | None = None
 
@@ -77,21 +93,25 @@ class ClientEvaluation:
         self,
         message: Any,
         *,
-        base_state: dict[str, Tensor],
+        ctx: RoundContext,
         client_ids: Sequence[int],
         split: Literal["train", "val"],
         metric: str,
-        decode: Callable[..., dict[str, Tensor]] | None = None,
+        source: Any = None,
         field: str = "metric",
     ) -> list[float]:
-        """``metric`` of the model ``base_state + decode(message)`` on the ``split`` data of each client.
+        """``metric`` of the model ``ctx.global_state + decoded message`` on the ``split`` data of each client.
 
-        ``decode(message, client=state)`` runs with a client's own state (``None``: the message is a plain delta).
+        ``source`` (what produced the message, the aggregator) is named if no client transform decodes it.
         """
         if self._model is None:
             self._model = copy.deepcopy(self._global)
-        delta = decode(message, client=self._states[client_ids[0]]) if decode is not None else message
-        load_state_into(self._model, {k: v + delta[k].to(v.dtype) if k in delta else v for k, v in base_state.items()})
+        if self._context is None:
+            raise RuntimeError("ClientEvaluation has no client context; FederatedLoop builds it with one.")
+        decoder = self._context(ctx, client_ids[0])
+        delta = decode_aggregate(message, self._transforms, ctx=decoder, source=source)
+        base = ctx.global_state
+        load_state_into(self._model, {k: v + delta[k].to(v.dtype) if k in delta else v for k, v in base.items()})
         dm, out = self._datamodule, []
         for client_id in client_ids:
             if self._states[client_id].private:

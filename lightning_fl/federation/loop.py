@@ -192,7 +192,14 @@ class FederatedLoop:
         self.vectorised = VectorisedClients(
             self.runner, vectorize, parallel=workers > 1 or backend == "ray" or self.ranks > 1
         )
-        self.client_evaluation = ClientEvaluation(model, datamodule, self.runner.states, options)
+        self.client_evaluation = ClientEvaluation(
+            model,
+            datamodule,
+            self.runner.states,
+            options,
+            client_transforms=self.client_transforms,
+            context=self.runner.context,
+        )
         self.clock = RoundClock()
         self.view = FederationView(  # what FL callbacks receive
             clock=self.clock,

@@ -28,6 +28,9 @@ It is not differential privacy (no noise, no epsilon); the name follows the thes
 Inferred: with client sampling, cross-validation runs among the clients selected in the round (the thesis
 trains every client every round). The simulation decrypts each shared model once and evaluates it on every
 selected client's validation set; in a deployment each client decrypts its own copy (same plaintext).
+Clients decode the shared models through the client transforms' ``decode_aggregate``, as they decode the aggregate,
+so the cross-validation downloads count in ``he_download_bytes``; a client's own model, evaluated for its training
+loss, is no download (the client holds it in plaintext).
 Deviation: without HE the weights stay real numbers (Eq. 4.1); the P-piece integer split applies to
 ciphertexts only, where it is needed.
 
@@ -50,7 +53,6 @@ from lightning_fl.defences.secure_aggregation.protocol import (
     EncryptedAggregate,
     PaillierAggregator,
     check_payloads,
-    client_side_decrypt,
     combine_updates,
 )
 from lightning_fl.messages import ClientUpdate
@@ -385,10 +387,8 @@ class FedBoosting(PaillierAggregator):
         start = time.perf_counter()
         ids = [u.client_id for u in updates]
         shared = self._shared_models(updates, ctx)
-        cross_val = torch.tensor(
-            [self._losses(m, base_state=global_state, client_ids=ids, split="val") for m in shared]
-        )
-        train = torch.tensor(self._train_losses(updates, global_state))
+        cross_val = torch.tensor([self._losses(m, ctx=ctx, client_ids=ids, split="val") for m in shared])
+        train = torch.tensor(self._train_losses(updates, ctx))
         weights = WEIGHTINGS[self.weighting](train_losses=train, cross_val_losses=cross_val)
         self.last_weights = dict(zip(ids, weights.tolist(), strict=True))
         if updates[0].payload is None:
@@ -420,31 +420,28 @@ class FedBoosting(PaillierAggregator):
             for row in fusion_weights(p_hat, pieces=self.pieces)
         ]
 
-    def _losses(self, message: Any, *, base_state: dict[str, Tensor], client_ids: list[int], split: str) -> list[float]:
-        """The declared evaluation step: the clients decode ``message`` with their own key and return losses
-        (accuracies with ``weighting="accuracies"``)."""
+    def _losses(self, message: Any, *, ctx: RoundContext, client_ids: list[int], split: str) -> list[float]:
+        """The declared evaluation step: the clients decode ``message`` through their client transforms (their own
+        key) and return losses (accuracies with ``weighting="accuracies"``)."""
         by_accuracy = self.weighting == "accuracies"
         return self._clients.losses(
             message,
-            base_state=base_state,
+            ctx=ctx,
             client_ids=client_ids,
             split=split,
             metric=self.val_accuracy_metric if by_accuracy else self.val_metric,
-            decode=client_side_decrypt,
+            source=self,
             field="FedBoosting(val_accuracy_metric)" if by_accuracy else "FedBoosting(val_metric)",
         )
 
-    def _train_losses(self, updates: Sequence[ClientUpdate], global_state: dict[str, Tensor]) -> list[float]:
+    def _train_losses(self, updates: Sequence[ClientUpdate], ctx: RoundContext) -> list[float]:
         if self.train_loss == "epoch_mean":
             return [u.loss for u in updates]
-        return [
-            self._losses(_as_message(u), base_state=global_state, client_ids=[u.client_id], split="train")[0]
-            for u in updates
-        ]
+        return [self._losses(_as_message(u), ctx=ctx, client_ids=[u.client_id], split="train")[0] for u in updates]
 
 
 def _as_message(update: ClientUpdate) -> dict[str, Tensor] | EncryptedAggregate:
     """A client's own model as the server can forward it: its plaintext delta, or its ciphertexts."""
     if update.payload is None:
         return update.delta
-    return EncryptedAggregate(update.payload, dict(update.delta))
+    return EncryptedAggregate(update.payload, dict(update.delta), sender=update.client_id)

@@ -23,6 +23,7 @@ from lightning_fl.server.fedboosting import (
     reference_weights,
     validation_only_weights,
 )
+from lightning_fl.transforms import ClientTransform
 from tests.conftest import plugin_context
 from tests.defences.he_helpers import assert_holds_no_private_key, digits, he_transform, run_loop
 
@@ -188,6 +189,31 @@ class RecordingFedBoosting(FedBoosting):
     def aggregate(self, updates: Sequence[ClientUpdate], *, ctx: RoundContext) -> tuple:
         self.updates, self.before = list(updates), {k: v.clone() for k, v in ctx.global_state.items()}
         return super().aggregate(updates, ctx=ctx)
+
+
+class TimesFour(ClientTransform):
+    """Encodes each update as four times its delta, decodes what the server returns (exact: a power of two)."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+
+    def __call__(self, update: ClientUpdate, *, ctx) -> ClientUpdate:
+        return dataclasses.replace(update, delta={k: 4 * v for k, v in update.delta.items()})
+
+    def decode_aggregate(self, aggregate: dict, *, ctx) -> dict:
+        self.decoded += 1
+        return {k: v / 4 for k, v in aggregate.items()}
+
+
+def test_fedboosting_decodes_what_it_shares_through_the_client_transforms(tmp_path) -> None:
+    """The shared models reach the clients through ``decode_aggregate``, the seam that decodes the aggregate: one
+    decode for the aggregate, one per cross-validated model and one per training loss; undecoded, the models
+    would be evaluated at four times their update and get other weights."""
+    plain = run_loop(tmp_path / "plain", aggregator=FedBoosting())
+    encoded = run_loop(tmp_path / "encoded", aggregator=FedBoosting(), client_transforms=[TimesFour()])
+    assert encoded.client_transforms[0].decoded == 1 + 3 + 3
+    assert encoded.aggregator.last_weights == plain.aggregator.last_weights
+    assert max(plain.aggregator.last_weights.values()) - min(plain.aggregator.last_weights.values()) > 1e-3
 
 
 def test_encrypted_fedboosting_with_fusion_equals_the_thesis_integer_aggregate(tmp_path) -> None:

@@ -13,11 +13,13 @@ Who holds what:
 * **Clients** encrypt their update with the public key (:class:`PaillierEncryption`, a client transform);
   the :class:`~lightning_fl.messages.ClientUpdate` then carries the ciphertexts in ``payload`` and only the
   layers left unencrypted (``layers=``) in ``delta``.
-* **The server** (:class:`SecureFedAvg`, or :class:`~lightning_fl.defences.fedboosting.FedBoosting`) holds the
+* **The server** (:class:`SecureFedAvg`, or :class:`~lightning_fl.server.fedboosting.FedBoosting`) holds the
   public key and ciphertexts only: it multiplies ciphertexts by plaintext integer weights and adds them, and
   returns an :class:`EncryptedAggregate`.
 * **Clients decrypt the aggregate**: the loop hands what the aggregator returns to the client transforms'
-  ``decode_aggregate`` (client side), which decrypts with a client's key. The server-side leak point
+  ``decode_aggregate`` (client side), which decrypts with a client's key; FedBoosting's cross-validation models
+  reach the clients through the same step (:class:`~lightning_fl.federation.evaluation.ClientEvaluation`), so
+  their downloads count in ``he_download_bytes``. The server-side leak point
   ("aggregate") therefore sees only the plaintext layers, and attacks on a client update see only those too.
 
 Deviation: in the thesis the server never learns the global model before the last round; in this simulation
@@ -84,11 +86,14 @@ class EncryptedAggregate:
         plaintext: the combined layers that clients sent in the clear (``PaillierEncryption(layers=...)``);
             the only part the server can read.
         cost: server-side cost of producing it (``he_aggregate_s``), logged by the decrypting client.
+        sender: the client whose own update this is, when the server forwards one update unchanged (FedBoosting's
+            training loss); that client holds the plaintext, so it downloads and decrypts nothing.
     """
 
     encrypted: EncryptedTensors
     plaintext: dict[str, Tensor] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
+    sender: int | None = None
 
 
 def combine_updates(
@@ -219,7 +224,7 @@ class PaillierEncryption(ClientTransform, Defence):
     """Client side of Paillier secure aggregation: encrypt each update, decrypt the aggregate.
 
     Put it last in ``loop.client_transforms`` (after clipping or noise) and use a Paillier-aware aggregator
-    (:class:`SecureFedAvg` or :class:`~lightning_fl.defences.fedboosting.FedBoosting`). Encryption, aggregation
+    (:class:`SecureFedAvg` or :class:`~lightning_fl.server.fedboosting.FedBoosting`). Encryption, aggregation
     and decryption time, uploaded and downloaded ciphertext bytes and the number of clipped values are logged
     every round (``he_*`` metrics in the history and the loggers).
 
@@ -348,6 +353,8 @@ class PaillierEncryption(ClientTransform, Defence):
     def decode_aggregate(self, aggregate: Any, *, ctx: ClientContext) -> Any:
         if not isinstance(aggregate, EncryptedAggregate):
             return aggregate
+        if aggregate.sender == ctx.client_id:  # its own update: the simulation decrypts what the client holds
+            return client_side_decrypt(aggregate, client=ctx.state)
         start = time.perf_counter()
         delta = client_side_decrypt(aggregate, client=ctx.state)
         cost = {"he_decrypt_s": time.perf_counter() - start, "he_download_bytes": aggregate.encrypted.nbytes}
