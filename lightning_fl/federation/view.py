@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from lightning_fl.federation.recording import RunRecorder
 
-__all__ = ["ClientStates", "FederationView", "LedgerReading", "RoundClock"]
+__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundClock"]
 
 
 @dataclass
@@ -71,6 +71,30 @@ class ClientStates(Sequence[ClientState]):
         return len(self._states)
 
 
+class Registered:
+    """Which callbacks a run holds, without handing them out: membership by identity, their number and class names.
+
+    Example:
+        >>> first, second = object(), object()
+        >>> held = Registered([first])
+        >>> first in held, second in held, len(held), held.names
+        (True, False, 1, ('object',))
+    """
+
+    def __init__(self, objects: Sequence[object]) -> None:
+        self._ids = frozenset(id(o) for o in objects)  # identities only: no reference to the objects
+        self.names = tuple(type(o).__name__ for o in objects)
+
+    def __contains__(self, obj: object) -> bool:
+        return id(obj) in self._ids
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return f"Registered({list(self.names)})"
+
+
 class LedgerReading:
     """What a callback may read of a privacy-spending part: its spent and projected epsilon, and its delta."""
 
@@ -99,10 +123,10 @@ class FederationView:
     """What a :class:`~lightning_fl.callbacks.FederatedCallback` may read of a federation, and how it reports.
 
     Reads return copies or read-only views: ``global_model`` and ``global_public_state`` are copies, ``clients``
-    copies each client's state as it is read, ``history`` and the callback lists are tuples, privacy-spending parts
-    are reachable only through :meth:`ledgers`. A callback reports through :meth:`log_metrics`,
-    :meth:`record_attack` and :meth:`request_stop`, and changes a client's own state in one way only:
-    :meth:`set_client_extra` (a callback that models client-side work, such as a DP accountant).
+    copies each client's state as it is read, ``history`` is a tuple, the callback lists answer membership and names
+    only (:class:`Registered`), privacy-spending parts are reachable only through :meth:`ledgers`. A callback reports
+    through :meth:`log_metrics`, :meth:`record_attack` and :meth:`request_stop`, and changes a client's own state in
+    one way only: :meth:`set_client_extra` (a callback that models client-side work, such as a DP accountant).
 
     Args:
         clock: the current round and the clients touched in it.
@@ -132,7 +156,7 @@ class FederationView:
     ) -> None:
         self._clock, self._spec, self._num_rounds, self._output_dir = clock, spec, num_rounds, Path(output_dir)
         self._global_model, self._recorder, self._clients = global_model, recorder, clients
-        self._callbacks, self._client_callbacks = tuple(callbacks), tuple(client_callbacks)
+        self._callbacks, self._client_callbacks = Registered(callbacks), Registered(client_callbacks)
         self._ledgers = tuple(LedgerReading(p) for p in ledgers if isinstance(p, PrivacyLedger))
 
     @property
@@ -170,13 +194,13 @@ class FederationView:
         return ClientStates(self._clients)
 
     @property
-    def callbacks(self) -> tuple[Any, ...]:
-        """The FL callbacks (for identity checks)."""
+    def callbacks(self) -> Registered:
+        """Which FL callbacks the run holds (``callback in federation.callbacks``, their class names)."""
         return self._callbacks
 
     @property
-    def client_callbacks(self) -> tuple[L.Callback, ...]:
-        """The Lightning callbacks of each client's Trainer (for identity checks)."""
+    def client_callbacks(self) -> Registered:
+        """Which Lightning callbacks each client's Trainer runs (``callback in federation.client_callbacks``)."""
         return self._client_callbacks
 
     def ledgers(self) -> tuple[LedgerReading, ...]:

@@ -100,6 +100,18 @@ def test_client_states_read_through_the_view_are_copies(tmp_path, index) -> None
     assert all(any(t.abs().sum() > 0 for t in c.private.values()) for c in loop.clients)
 
 
+def test_the_view_tells_which_callbacks_run_but_hands_none_out(tmp_path) -> None:
+    tamperer = Tamperer(documented=False)
+    loop = three_keylock_clients(tmp_path, callbacks=[tamperer])
+    held = loop.view.callbacks
+    assert tamperer in held and Tamperer(documented=False) not in held and held.names == ("Tamperer",)
+    for value in vars(held).values():  # identities and names only: nothing leads back to the callback
+        assert all(
+            not isinstance(v, FederatedCallback) for v in (value if isinstance(value, tuple | frozenset) else [value])
+        )
+    assert len(loop.view.client_callbacks) == len(loop.client_callbacks)
+
+
 def test_the_steps_run_on_their_own_and_return_what_changed(tmp_path, monkeypatch) -> None:
     loop = three_keylock_clients(tmp_path)
     fit = loop.runner.fit
