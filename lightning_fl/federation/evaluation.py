@@ -234,8 +234,8 @@ def trained_clients(model: L.LightningModule, checkpoint: Checkpoint) -> list[Cl
     """The trained clients whose own models score ``model``'s run, or ``[]`` when its public weights are the model.
 
     A model with private layers (key-locks, passports, a private split) is a different model on each client: the
-    public global state alone, with the layers' initial values, is no client's model (a key-lock + passport run
-    scored 0.09 that way against 0.24 for its clients' own models). Its score is that of each trained client's
+    public global state alone, with the layers' initial values, is no client's model (docs/defences.md compares
+    the two scores). Its score is that of each trained client's
     own model, as ``loop.eval_on: clients`` computes it during the run; the clients' private layers are read from
     their committed client-side storage (``clients/``, named and digest-checked by the manifest), in the clients'
     role: only the scores leave.

@@ -29,7 +29,7 @@ def check_manifest_layout(manifest: Mapping[str, Any]) -> None:
     """Every entry of ``manifest`` is a ``{"path", "sha256"}`` pair; client slots are client numbers.
 
     Raises:
-        ValueError: naming the first malformed entry (a null server entry used to fail with a ``TypeError``).
+        ValueError: naming the first malformed entry (a null server entry included).
 
     Example:
         >>> check_manifest_layout({"round_idx": 1, "server": None, "clients": {}})
