@@ -247,11 +247,10 @@ class GRNN(GradientAttack):
     permutation invariant), so score after matching.
 
     Paper defaults: RMSprop lr 1e-4, momentum 0.99, TV weight 1e-3 for LeNet (1e-6 for ResNet-18) (Sec. 3.3.1).
-    Inferred (authors' code, spec_003 Sec. 1.2/1.4): latent size 128, width 32, 1000 iterations; the thesis gives
-    neither. Deviation: the default loss is the authors' code (``"l2_tv_squared"``), whose TV the thesis' weight 1e-3
-    was tuned for; with the text's summed absolute TV that weight over-smooths (16x16 digits, B=4: 17 dB vs 36 dB;
-    32x32, B=4, 800 iterations: 26.7 dB vs 30.6 dB, see docs/grnn_and_inversion.md).
-    Tiny CPU recipe: 32x32 ``digits`` on the sigmoid LeNet, batch 4, 800 iterations (about 15 CPU-seconds).
+    Inferred (authors' code): latent size 128, width 32, 1000 iterations; the thesis gives neither. Deviation: the
+    default loss is the authors' code (``"l2_tv_squared"``), whose TV the thesis' weight 1e-3 was tuned for; with the
+    text's summed absolute TV that weight over-smooths (docs/grnn_and_inversion.md compares the two).
+    Tiny CPU recipe: 32x32 ``digits`` on the sigmoid LeNet, batch 4, 800 iterations.
 
     Args:
         iterations: :math:`I`, generator updates.

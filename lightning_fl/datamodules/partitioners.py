@@ -184,8 +184,8 @@ def label_bucket_partition(
 ) -> list[np.ndarray]:
     """2DP-FL non-iid label buckets (Xiong et al., IEEE IoT-J, Sec. VI-A) for 10-class data.
 
-    Disjoint scheme (default): 15 buckets with label groups {0,1}, {2,3}, ..., {8,9}, {0}, ..., {9}. Inferred
-    (spec B.7): each class is halved, one half to its pair bucket and one to its singleton bucket, so the
+    Disjoint scheme (default): 15 buckets with label groups {0,1}, {2,3}, ..., {8,9}, {0}, ..., {9}. Inferred:
+    each class is halved, one half to its pair bucket and one to its singleton bucket, so the
     buckets do not overlap. Buckets go to clients round-robin; when there are more clients than buckets a
     bucket is divided evenly among the clients it goes to, so every sample still has exactly one owner.
 

@@ -48,7 +48,7 @@ def state_norm(state: dict[str, Tensor], *, p: float = 2.0) -> Tensor:
 def clip_state(state: dict[str, Tensor], *, max_norm: float, p: float = 2.0) -> dict[str, Tensor]:
     r"""Clip a whole state dict (a model update) jointly: :math:`g / \max(1, \|g\|_p / \alpha)`.
 
-    DPFL's Eq. (2) clips the whole-model update in L1 (spec A.6-5).
+    DPFL's Eq. (2) clips the whole-model update in L1.
 
     Raises:
         ValueError: if ``max_norm`` is not positive.

@@ -28,7 +28,7 @@ class Schedule:
 
     Fed-CDP(decay) (Wei et al., ICDCS 2021, Sec. VII-A) decays the clip bound linearly from C=6 to C=2 over
     100 rounds: ``Schedule(6.0, end=2.0, kind="linear", num_rounds=100)``, so
-    :math:`C(t) = C_0 - (C_0 - C_{end})\, t / (T-1)` (Inferred: endpoints at t=0 and t=T-1, spec B12-7).
+    :math:`C(t) = C_0 - (C_0 - C_{end})\, t / (T-1)` (Inferred: endpoints at t=0 and t=T-1).
     The other kinds are library options, not from the paper: ``step`` multiplies by ``gamma`` every
     ``step_size`` rounds, ``exponential`` moves geometrically from ``start`` to ``end``, ``cosine`` anneals.
 

@@ -30,7 +30,7 @@ class ActiveSelector(ClientSelector):
 
     ``loss_form="sum_over_steps"`` uses Alg. 2's Loss: the sum of batch-mean losses over all local steps divided by
     the local sample count; the loop reports the mean loss of the last local epoch, so this is approximated by
-    ``loss * local_steps / n_k`` (Inferred). ``"mean"`` uses the mean loss itself (sound, spec A.6-8).
+    ``loss * local_steps / n_k`` (Inferred). ``"mean"`` uses the mean loss itself (sound).
 
     Args:
         alpha1: share of clients (by smallest valuation) excluded from the softmax draw (AFL default 0.75).

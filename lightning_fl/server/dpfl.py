@@ -23,7 +23,7 @@ class DPFLAggregator(Aggregator):
     ``form="eta_over_all_samples"`` (default, the formula as printed):
     :math:`w^{(t+1)} = w^{(t)} - \eta\sum_{k\in S^{(t)}} \frac{n_k}{n}\hat{\nabla g}_k^{(t)}` with
     :math:`\hat{\nabla g}_k = w^{(t)} - w_k` (minus the client delta) and :math:`n = \sum_{k=1}^{K} n_k` over *all*
-    clients, so each round moves the model by about :math:`\eta\lambda` of a FedAvg step (spec A.2.5).
+    clients, so each round moves the model by about :math:`\eta\lambda` of a FedAvg step.
     ``form="fedavg"`` (sound): :math:`w^{(t+1)} = w^{(t)} + \sum_{k\in S}\frac{n_k}{\sum_{j\in S} n_j}\Delta_k`.
 
     Args:

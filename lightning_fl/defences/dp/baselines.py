@@ -103,7 +103,7 @@ def _prune_flat(values: Tensor, ratio: float) -> Tensor:
 class GaussianNoise(ClientTransform, Defence):
     r"""FL-DP(:math:`\sigma`) of FDL-PP: Gaussian noise of fixed standard deviation on the shared update.
 
-    No clipping and no accounting, as in the paper (spec A2.4: ":math:`g_{shared} = g + \mathcal N(0,\sigma^2 I)`").
+    No clipping and no accounting, as in the paper (":math:`g_{shared} = g + \mathcal N(0,\sigma^2 I)`").
     With ``unit="gradient"`` (default) :math:`\sigma` is the noise on each local gradient step, as in the paper,
     where noise is added to shared gradients: the update of ``s`` SGD steps at rate :math:`\eta` is
     :math:`-\eta \sum_t g_t`, so its noise has standard deviation :math:`\eta \sigma \sqrt{s}` (read from the

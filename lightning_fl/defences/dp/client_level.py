@@ -97,10 +97,10 @@ class _ClientLevelLedger(PrivacyLedger):
 class FedSDP(_ClientLevelLedger, ClientTransform, Defence):
     r"""Clip each client's update per layer and add Gaussian noise at the client, before it is sent.
 
-    Implements lines 8-12 of Alg. 1 (Fed-SDP) of Wei et al. (ICDCS 2021), typos corrected (spec B4):
+    Implements lines 8-12 of Alg. 1 (Fed-SDP) of Wei et al. (ICDCS 2021), typos corrected:
     :math:`\Delta\bar W_{k,m} = \Delta W_{k,m}/\max(1, \|\Delta W_{k,m}\|_2/C)`, then
-    :math:`\Delta\bar W_{k,m} + \mathcal N(0, \sigma^2C^2 I)` for every layer m (parameter tensor). Inferred
-    (spec B4): noise at the client, which is what makes the shared update itself private (Table VII type 1).
+    :math:`\Delta\bar W_{k,m} + \mathcal N(0, \sigma^2C^2 I)` for every layer m (parameter tensor). Inferred:
+    noise at the client, which is what makes the shared update itself private (Table VII type 1).
     The server variant of the paper ("only resilient to type-0 leakage") is ``FedSDP(noise_multiplier=0)``
     (clip only) with :class:`FedSDPServerNoise` as a server transform. Epsilon is client-level, one step per
     round at :math:`q_2 = K_t/K` (Table VI uses T + 1 steps: ``steps_offset=1``), logged as ``epsilon``.
@@ -144,7 +144,7 @@ class FedSDPServerNoise(_ClientLevelLedger, ServerTransform, Defence):
     r"""Fed-SDP's server-side variant: one Gaussian draw on the average of clipped updates.
 
     :math:`\Delta\tilde W = \frac{1}{K_t}\big(\sum_k \Delta\bar W_k + \mathcal N(0, \sigma^2C^2 I)\big)`
-    (the authors' code, spec B12-8). Pair it with ``FedSDP(noise_multiplier=0, max_grad_norm=C)`` on the
+    (the authors' code). Pair it with ``FedSDP(noise_multiplier=0, max_grad_norm=C)`` on the
     clients; the shared updates are then clipped but not noised (type-1 leakage unprotected).
 
     Args:

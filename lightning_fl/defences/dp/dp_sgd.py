@@ -79,8 +79,8 @@ class PerExampleDP(L.Callback):
     (``"poisson"``) the callback replaces the Trainer's shuffled fixed-size batches by such batches
     (:func:`~lightning_fl.privacy.poisson_loader`, same number of steps per epoch, the batch size B only on
     average), so the recorded :math:`q` is the loader's. ``"shuffled_batches"`` keeps the loader's batches, as the
-    papers' code does; epsilon is then still computed at :math:`q = B/n` and is not a proven bound for that run
-    (spec B12-3), which the federation's ``summary.json["privacy"]`` says. The released gradient (``release``) is
+    papers' code does; epsilon is then still computed at :math:`q = B/n` and is not a proven bound for that run,
+    which the federation's ``summary.json["privacy"]`` says. The released gradient (``release``) is
     the noised batch average that the optimiser applies; with B = 1 it is exactly the per-example sanitised
     gradient that Fed-CDP's type-2 attacker sees.
 

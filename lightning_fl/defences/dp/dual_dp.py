@@ -36,7 +36,7 @@ class DualDP(ClientDPSGD):
 
     Implements the client loop of Alg. 1 of 2DP-FL (Xiong et al., IEEE TII 2021):
     :math:`\tilde g = \frac{1}{|B|}\big(\sum_{x\in B}\bar g(x) + \mathcal N(0, (\sigma_k G)^2)\big)`.
-    The noise multiplier comes from the budget: Inferred (spec B.4, B.10-4), the paper's
+    The noise multiplier comes from the budget: Inferred, the paper's
     :math:`\sigma = \omega\sqrt{T\log(1/\delta)}/\epsilon` has an unstated :math:`\omega`, so sigma is calibrated with
     the accountant such that every client stays within ``target_epsilon`` after ``federation.num_rounds`` rounds even
     if selected in all of them (sample-level epsilon, q = B/n_k). Pair it with
@@ -46,7 +46,7 @@ class DualDP(ClientDPSGD):
     Args:
         target_epsilon: the budget epsilon (paper: 20); ``None`` uses ``noise_multiplier`` as given.
         noise_multiplier: :math:`\sigma_k` when ``target_epsilon`` is ``None``.
-        max_grad_norm: per-example clip bound G (Inferred default 1.0, spec B.10-6).
+        max_grad_norm: per-example clip bound G (Inferred default 1.0).
         delta: target delta (paper Fig. 6: 1e-3).
         accountant: ``rdp`` or ``prv``.
 
@@ -115,7 +115,7 @@ class DownlinkNoise(BroadcastTransform):
     Implements the download step of Alg. 1 of 2DP-FL (Xiong et al., IEEE TII 2021) with the paper's three
     modes: ``per_client`` (independent noise per client, 2DP-FL), ``shared`` (one draw for all clients in a
     round, "the common method") and ``none``. Noise is added to the model's parameters, not its buffers.
-    Inferred (spec B.10-2, B.10-3): S is a server-side sensitivity constant and sigma defaults to the
+    Inferred: S is a server-side sensitivity constant and sigma defaults to the
     clients' DP-SGD multiplier: :class:`DualDPFL` (the bundle) hands its :class:`DualDP` over. With
     ``accumulate=True`` (the paper) the server averages the noisy local models, so the downlink noise stays in
     the global model (see :attr:`~lightning_fl.transforms.BroadcastTransform.persistent`); ``accumulate=False``

@@ -56,7 +56,7 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     :math:`q_k = B/n_k`, only in rounds where it trains (instance-level DP of each client's data; no
     amplification by client sampling is claimed). ``federation`` reproduces Fed-CDP's Sec. IV-B: one federation
     accountant with :math:`q = B\,K_t/N` (N: all training samples) and L local steps every round
-    (Table VI's numbers then follow with ``steps_offset=1``, the authors' off-by-one, spec B7/B12-4).
+    (Table VI's numbers then follow with ``steps_offset=1``, the authors' off-by-one).
 
     Args:
         noise_multiplier: :math:`\sigma`.

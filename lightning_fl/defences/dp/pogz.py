@@ -6,7 +6,7 @@ Each client measures PoGZ, the share of positive pre-activation outputs of every
 data (Eq. 1), splits its budget epsilon over the layers in proportion (Eq. 3), clips its update in L1 (Eq. 2)
 and adds Laplace noise of scale Delta f / epsilon_i to layer i (Eq. 4).
 
-The paper's formula quirks (spec A.2) are named options: ``sensitivity="two_eta_alpha"`` uses
+The paper's formula quirks are named options: ``sensitivity="two_eta_alpha"`` uses
 :math:`\\Delta f = 2\\eta\\alpha` as Theorem 1 states, ``"two_alpha"`` the sound :math:`2\\alpha` for an update
 clipped to L1 norm alpha; ``allocation="pogz"`` is Eq. 3 as written (more budget, so less noise, to layers
 with a higher PoGZ), although the contribution list says the opposite (``"inverse"``); ``clipping="whole_update"``
@@ -74,7 +74,7 @@ def pogz_scores(model: nn.Module, batches: Iterable[Any]) -> dict[str, float]:
 
     .. math:: \mathrm{PoGZ}^{(i)} = \frac{1}{N M}\sum_{p=1}^{N}\sum_{j=1}^{M} f\big(O^{(i)}_j(p) > 0\big)
 
-    where :math:`O^{(i)}(p)` is the output of layer i *before* its activation for sample p. Inferred (spec A.2.1):
+    where :math:`O^{(i)}(p)` is the output of layer i *before* its activation for sample p. Inferred:
     a layer is a module that owns parameters directly (conv, linear, ...); its forward output is the
     pre-activation, and the last linear layer's output is the logits.
 
@@ -262,14 +262,14 @@ class PoGZNoise(PrivacyLedger, ClientTransform, Defence):
     r"""DPFL's noisy upload (Alg. 2, lines 8-13): L1 clip, then per-layer Laplace noise split by PoGZ.
 
     Each client computes PoGZ once, on its validation split, with its model right after its first local fit
-    (Inferred, spec A.6-10: that first fit is the pre-training; the scores are kept in ``ClientState.extra``, on the
+    (Inferred: that first fit is the pre-training; the scores are kept in ``ClientState.extra``, on the
     client only). Each upload is epsilon-DP (Theorem 1). Deviation: the paper does not compose over rounds;
     the loop's history logs ``epsilon_round`` (the paper's number) and ``epsilon``, the cumulative epsilon of
     the client that has uploaded most often (sequential composition, participations times epsilon).
 
     Args:
         epsilon: per-upload budget :math:`\epsilon` of each client (paper: 0.5, 1, 5, 10).
-        clip_bound: L1 clip bound :math:`\alpha` of the whole update (not reported in the paper, spec A.6-1).
+        clip_bound: L1 clip bound :math:`\alpha` of the whole update (not reported in the paper).
         allocation: ``pogz`` (Eq. 3), ``even`` (baseline) or ``inverse`` (ablation).
         sensitivity: ``two_eta_alpha`` (:math:`2\eta\alpha`, Theorem 1 as printed) or ``two_alpha``
             (:math:`2\alpha`, the sensitivity of an update clipped to L1 norm alpha).

@@ -26,7 +26,7 @@ class PublicFineTune(ServerTransform, Defence):
 
     DPFL (Zhu et al., IEEE IoT-J 2021, Alg. 3 and Sec. V-A) fine-tunes for one epoch per round on 1,000
     images drawn from the MNIST/FMNIST *test* set (3,000 for CIFAR-10). The model's own optimiser
-    (``configure_optimizers``) is used, fresh every round (Inferred, spec A.2.6), with the data module's
+    (``configure_optimizers``) is used, fresh every round (Inferred), with the data module's
     batch size. Deviation: the loop evaluates on the whole test set, public samples included (the paper does
     not say; with ``source="test"`` report that, or use a smaller ``num_samples``).
 

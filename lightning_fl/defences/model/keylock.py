@@ -42,7 +42,7 @@ __all__ = [
 LockActivation = Literal["none", "relu", "sigmoid"]
 """Activation on :math:`\\gamma, \\beta`: ``none`` is the thesis formula (the default); the reference code applies
 ``relu`` in its training networks (Tables 5.1, 5.3) and ``sigmoid`` in its attack networks (Tables 5.4-5.6).
-``relu`` can leave dead channels (spec G19; the measured cost is in docs/defences.md)."""
+``relu`` can leave dead channels (the measured cost is in docs/defences.md)."""
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"none": nn.Identity, "relu": nn.ReLU, "sigmoid": nn.Sigmoid}
 
@@ -64,7 +64,7 @@ class KeyLock(nn.Module):
     ``fl_private = True``: the key, the lock weights and their gradients stay on the client. :meth:`reset_private`
     draws the client's own key; the lock layers start from the common initialisation and train locally.
 
-    Inferred (spec G21, reference code): keys are i.i.d. U[0, 1), drawn once per client and fixed for the run.
+    Inferred (reference code): keys are i.i.d. U[0, 1), drawn once per client and fixed for the run.
     The same key feeds both lock layers (reference code: ``forward(x, key, key)``).
 
     Args:
@@ -129,7 +129,7 @@ class KeyLockNorm2d(nn.Module):
     :class:`KeyLock`. The normalisation (its running statistics) is public and averaged like any other
     buffer; the key and the locks (``lock``) are private.
 
-    Inferred (spec G20, reference code): the thesis formula omits the normalisation but the text replaces "the
+    Inferred (reference code): the thesis formula omits the normalisation but the text replaces "the
     scale and shift processes in the normalisation layer"; the reference ``Defense_block`` uses
     ``BatchNorm2d(affine=False)``, and so do we.
 
@@ -202,7 +202,7 @@ def add_keylock(
     When the module registered right after ``conv`` in the same parent is a ``BatchNorm2d`` (ResNets), it is
     replaced by a :class:`KeyLockNorm2d`; otherwise (the sigmoid LeNet, torchvision's VGG-16) ``conv`` is
     replaced by ``nn.Sequential(conv, KeyLockNorm2d)``, which adds the normalisation the block lacked, as the
-    thesis' key-locked LeNet does (spec Sec. 3.5). The thesis locks only the first block (Sec. 5.3.1). The
+    thesis' key-locked LeNet does. The thesis locks only the first block (Sec. 5.3.1). The
     model is changed in place and returned.
 
     Args:
@@ -248,7 +248,7 @@ def add_keylock(
 def lock_parameter_share(model: nn.Module) -> float:
     """Share of ``model``'s state held by its lock layers, as in the thesis' Table 5.3.
 
-    The thesis' definition (spec Sec. 3.5, reference code): elements of all ``scale_fc`` and ``shift_fc``
+    The thesis' definition (reference code): elements of all ``scale_fc`` and ``shift_fc``
     tensors (weights and biases) divided by the elements of the whole ``state_dict``, batch-norm buffers
     included and keys excluded (the reference code passes the key to ``forward`` instead of storing it).
 

@@ -30,12 +30,12 @@ from lightning_fl.defences.base import Defence
 __all__ = ["PassportConv2d", "PassportDistribution", "PassportReduction", "Passports", "add_passports"]
 
 PassportDistribution = Literal["uniform", "normal"]
-"""How passports are drawn: ``uniform`` = U(-1, 1) (spec A7-1), ``normal`` = N(0, 1)."""
+"""How passports are drawn: ``uniform`` = U(-1, 1), ``normal`` = N(0, 1)."""
 
 _DISTRIBUTIONS: tuple[str, ...] = ("uniform", "normal")
 
 PassportReduction = Literal["mean", "normalized_mean"]
-"""How the map :math:`W_p * P` becomes one value per channel: ``mean`` over space (Fan et al. 2019, spec A7-3),
+"""How the map :math:`W_p * P` becomes one value per channel: ``mean`` over space (Fan et al. 2019),
 or ``normalized_mean``: that mean divided by its root mean square over channels (see :class:`PassportConv2d`)."""
 
 _REDUCTIONS: tuple[str, ...] = ("mean", "normalized_mean")
@@ -55,7 +55,7 @@ class PassportConv2d(nn.Module):
     :math:`P_\gamma, P_\beta` stay on the client. :meth:`reset_private` draws the client's own passports; the
     kernel and autoencoder start from the common (server) initialisation and then train locally.
 
-    Inferred (spec A7-3): Eq. (5) gives no reduction from the feature map :math:`W_p * P` to a per-channel
+    Inferred: Eq. (5) gives no reduction from the feature map :math:`W_p * P` to a per-channel
     scale; as in Fan et al. (2019) we average it over space (and over the passport batch), giving shape
     ``(C_out,)``. Deviation (default ``reduction="normalized_mean"``): that mean is divided by its root mean
     square over channels. With U(-1, 1) passports of 32x32 pixels the spatial mean is ~0.01, so
@@ -63,9 +63,9 @@ class PassportConv2d(nn.Module):
     does not train (10% accuracy on digits after 10 rounds, against 82% normalised and 88% for FedAvg;
     90% and 91% after 20 rounds); ``reduction="mean"`` is the literal Fan et al. / reference form.
 
-    Inferred (spec A7-4): :math:`E` = ``Linear(C_out, hidden)`` then LeakyReLU, :math:`D` =
+    Inferred: :math:`E` = ``Linear(C_out, hidden)`` then LeakyReLU, :math:`D` =
     ``Linear(hidden, C_out)``, both without bias, the same pair for :math:`\gamma` and :math:`\beta` (Eq. 5 uses
-    one :math:`E, D`). Inferred (spec A7-1): passports are drawn once per client, i.i.d. from
+    one :math:`E, D`). Inferred: passports are drawn once per client, i.i.d. from
     ``passport_dist``, with ``passport_size`` x ``passport_size`` pixels and the layer's input channels, and are
     fixed for the whole run. Deviation: the convolution has no bias of its own; :math:`\beta` is the bias.
 

@@ -97,7 +97,7 @@ class PrivateFineTuning(L.Callback):
 
     Runs ``steps`` optimiser steps of the module's own ``training_step`` on the client's training data with
     every public parameter frozen, so the published layers are not modified (paper Sec. 2.1). Add it to
-    ``FederatedLoop(client_callbacks=[...])``. Inferred (spec A7-5): the paper trains the private layers after
+    ``FederatedLoop(client_callbacks=[...])``. Inferred: the paper trains the private layers after
     the download; in a round-based loop a client's next download is the start of its next local fit, so the
     fine-tuning runs there (before the full local pass, whose public update is what the server receives).
 
