@@ -67,7 +67,7 @@ class GRNNGenerator(nn.Module):
     Label branch: one linear layer and a softmax, :math:`\\hat y = \\mathrm{softmax}(W v + b)`.
 
     Inferred: the widths (``d = 32``, GLU after the transposed conv, bias-free convs) come from the authors'
-    code (spec_003 Sec. 1.2); the thesis gives only Table 3.1 and the 32x32 example.
+    code; the thesis gives only Table 3.1 and the 32x32 example.
 
     Args:
         latent_dim: :math:`g_{in}`, the latent size (authors' code: 128).
@@ -192,7 +192,7 @@ GRNN_LOSSES: dict[str, GRNNLoss] = {
     "wasserstein_tv_l1": GRNNLoss(wasserstein_1d, total_variation_l1),
     "l2_tv_squared": GRNNLoss(flat_l2_distance, total_variation_squared),
 }
-"""The two readings of Eq. 3.4 (spec_003 Sec. 1.3), named for what they compute. Both use the summed squared error
+"""The two readings of Eq. 3.4, named for what they compute. Both use the summed squared error
 as "MSE" (the thesis writes :math:`\\|g - \\hat g\\|^2`, the code sums). ``"wasserstein_tv_l1"`` (the thesis
 text): WD is the true 1-D Wasserstein-1 distance between the gradient values and TV the sum of absolute pixel
 differences. ``"l2_tv_squared"`` (the authors' code): "WD" is the L2 norm of the difference and TV is squared and

@@ -239,7 +239,7 @@ class ColludingClientInversion(GradientAttack):
     with Adam on :math:`x' \\in [0, 1]`. Works on any model whose leading layers are marked private
     (:func:`~lightning_fl.private.mark_private`): passports, FDL-PP's split, or a plain split.
 
-    Inferred (spec_001_004 A3.2): the two-stage reading, DLG's optimiser for stage 1, and Adam lr 1e-2 for 2000 steps
+    Inferred: the two-stage reading, DLG's optimiser for stage 1, and Adam lr 1e-2 for 2000 steps
     from U(0, 1) for stage 2; the paper gives no hyper-parameters. The "initial model" of Sec. 3.2 is read as the
     colluder's private model kept fixed.
 
@@ -371,7 +371,7 @@ class MIFace(GradientAttack):
 
     The passive and active attacks of 2DP-FL are this one algorithm on different models, and FDL-PP's colluding
     inversion (:class:`ColludingClientInversion`) matches a recovered feature instead of a class score, hence two
-    classes. Inferred (spec_000_002 B.6, ART's ``MIFace``): :math:`\\lambda = 0.1`, :math:`\\beta = 100`,
+    classes. Inferred (ART's ``MIFace``): :math:`\\lambda = 0.1`, :math:`\\beta = 100`,
     :math:`\\gamma = 0.01` on the cost (confidence 0.99), at most 5000 steps.
 
     Args:

@@ -4,7 +4,7 @@ Both are :class:`~lightning_fl.transforms.ClientTransform` objects: they run on 
 about to send, so what the server (and a type-1 attacker) receives is the noised or pruned update.
 
 References:
-    FL-DP(sigma): Gu et al., FDL-PP (seed 001), Table 1 and spec_001_004.md A2.4.
+    FL-DP(sigma): Gu et al., FDL-PP, Table 1.
     Gradient pruning: Zhu et al., "Deep Leakage from Gradients", NeurIPS 2019, Sec. 6 (Fig. 7, "pruning").
 """
 

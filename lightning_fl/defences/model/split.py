@@ -1,6 +1,6 @@
 """Private/public layer split ("modified splitfed" of FDL-PP): the first layers stay on each client.
 
-Implements the model split of FDL-PP (Gu et al., seed 001, Sec. 2.1 and 3; spec_001_004.md A2.1, A2.3): the
+Implements the model split of FDL-PP (Gu et al., Sec. 2.1 and 3): the
 first layers of the network are private to each client and never aggregated, the rest are averaged by FedAvg.
 Step (3) of the paper, "clients download the updated public model and train their first several layers
 without modifying the published layers", is :class:`PrivateFineTuning`, a Lightning callback.

@@ -26,7 +26,7 @@ values beyond :math:`\pm B` are clipped to it.
 Deviation: the thesis scales by :math:`10^{32}` and pre-divides each update by the number of pieces :math:`P`
 (:math:`g = \lfloor G \cdot 10^{32} / P \rfloor`). Its 1e32 scale is far beyond float64 precision and leaves
 no room for packing; we use binary fixed point with a precision chosen so that the slots fit, and divide by
-:math:`P` after decryption (the same value, without the floor's loss). See spec_003.md Sec. 2.4.
+:math:`P` after decryption (the same value, without the floor's loss).
 
 Inferred: BatchCrypt (Zhang et al., USENIX ATC 2020) packs signed quantised values with padding bits; we use
 an offset (non-negative) encoding instead of two's complement, so decoding needs only the public total
