@@ -16,7 +16,8 @@ lock to every new global model. Without the key, Eq. (5.24)-(5.26) cannot be eva
 gradient (Proposition 2), so gradient-matching attacks reconstruct noise.
 
 References:
-    Thesis text: Ren, "Gradient Leakage and Protection for Federated Learning" (PhD thesis), ch. 5. Reference code: Rand2AI/FedKL (``Defense_block``).
+    Thesis text: Ren, "Gradient Leakage and Protection for Federated Learning" (PhD thesis), ch. 5.
+    Reference code: Rand2AI/FedKL (``Defense_block``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ The whole layer (kernel, autoencoder, passports) is private to the client (see :
 it is never uploaded or aggregated, and each client draws its own passports from its secret seed.
 
 References:
-    FDL-PP: Gu et al., "A novel approach to simultaneously improve privacy, efficiency and reliability of federated DNN learning". Passports: Fan et al., "Rethinking deep neural
+    FDL-PP: Gu et al., "A novel approach to simultaneously improve privacy, efficiency and reliability of
+    federated DNN learning". Passports: Fan et al., "Rethinking deep neural
     network ownership verification: embedding passports to defeat ambiguity attacks", NeurIPS 2019.
 """
 
