@@ -43,11 +43,12 @@ def test_malicious_server_and_analytic_rows_per_defence_with_their_own_runs(tmp_
     assert "| none | robbing_the_fed | malicious |" in (tmp_path / "bench.md").read_text()
 
 
-def test_shipped_imprint_statistics_are_the_test_digits_feature() -> None:
-    """The server's public statistics of the imprint feature: mean and std of the 16x16 test digits' feature."""
-    settings = load_settings("configs/bench_digits.yaml", quick=True)
+@pytest.mark.parametrize("preset", ["configs/bench_digits.yaml", "configs/bench_photos.yaml"])
+def test_shipped_imprint_statistics_are_the_test_split_feature(preset: str) -> None:
+    """The server's public statistics of the imprint feature: mean and std of the feature on the test split."""
+    settings = load_settings(preset, quick=True)
     imprint = settings["attacks"]["robbing_the_fed"]["server_defences"][0]["init_args"]
-    data = FederatedDataModule(dataset="digits", num_clients=2, image_size=settings["data"]["image_size"], seed=0)
+    data = FederatedDataModule(**{**settings["data"], "num_clients": 2, "seed": 0})
     data.setup()
     images = torch.stack([image for image, _ in data.test_set])
     block = ImprintBlock(images.shape[1:], num_bins=2, feature=imprint["feature"], feature_mean=0.0, feature_std=1.0)
