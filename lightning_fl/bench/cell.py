@@ -37,7 +37,7 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
     result: dict[str, Any] = {
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
         "success_rate": _mean([float((a.get("ssim") or 0.0) >= spec["success_ssim"]) for a in attacks]),
-        "exact": _mean([a["recovered"] / a["ground_truth_size"] for a in attacks if a.get("ground_truth_size")]),
+        "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
         "attacked": len(attacks),
         "unreadable": unreadable,
         "cpu_seconds": seconds,
