@@ -264,7 +264,8 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
     attacks = list(dict.fromkeys(_attack_label(r) for r in rows))
     defences = list(dict.fromkeys(r["defence"] for r in rows))
-    fig = _figure(0.55 * len(defences) * len(threat_models) + 2.5, 0.45 * len(attacks) + 2.2)
+    label_width = 0.07 * max(len(a) for a in attacks)  # every panel repeats the attack names
+    fig = _figure((0.55 * len(defences) + label_width) * len(threat_models) + 1.5, 0.45 * len(attacks) + 2.2)
     image = None
     for ax, threat_model in zip(fig.subplots(1, len(threat_models), squeeze=False)[0], threat_models, strict=True):
         grid = [[math.nan] * len(defences) for _ in attacks]

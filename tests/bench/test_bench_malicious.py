@@ -14,6 +14,7 @@ from lightning_fl.datamodules import FederatedDataModule
 from .test_bench import MINI
 
 _B8 = {"leak_point": "local_gradient", "data": {"batch_size": 8}, "max_images": 8}
+_FEDAVG = {"leak_point": "client_update", "data": {"batch_size": 2}, "loop": {"local_steps": 4}, "max_images": 8}
 
 
 def _grid() -> dict:
@@ -21,7 +22,7 @@ def _grid() -> dict:
     return {
         **MINI,
         "attacks": {name: shipped[name] for name in ("robbing_the_fed", "analytic")},
-        "threat_models": {**MINI["threat_models"], "fedsgd_b8": _B8},
+        "threat_models": {**MINI["threat_models"], "fedsgd_b8": _B8, "fedavg_b2_s4": _FEDAVG},
     }
 
 
@@ -29,10 +30,12 @@ def test_malicious_server_and_analytic_rows_per_defence_with_their_own_runs(tmp_
     rows = {(r["defence"], r["attack"], r["threat_model"]): r for r in run_bench(_grid(), tmp_path, print_=len)}
     assert all(r["status"] == "ok" for r in rows.values()), {k: r["status"] for k, r in rows.items()}
     # both defences have both attacks' rows; neither runs on the trained LeNet (they ship their own model)
-    attacks, threats = ("robbing_the_fed", "analytic"), ("fedsgd_b1", "fedsgd_b8")
+    attacks, threats = ("robbing_the_fed", "analytic"), ("fedsgd_b1", "fedsgd_b8", "fedavg_b2_s4")
     assert set(rows) == {(d, a, t) for d in ("none", "fed_cdp") for a in attacks for t in threats}
     rtf = rows["none", "robbing_the_fed", "fedsgd_b8"]  # Fowl et al. (2022): the batch copied out, one per bin
     assert rtf["server"] == "malicious" and rtf["exact_mean"] >= 0.75 and rtf["psnr_mean"] > 30.0
+    # 4 SGD steps: the share is of the 8 images behind the update, not of the client's whole set (the ground truth)
+    assert rows["none", "robbing_the_fed", "fedavg_b2_s4"]["exact_mean"] >= 0.75
     analytic = rows["none", "analytic", "fedsgd_b1"]  # Phong et al. (2017): one image's MLP gradient is a copy
     assert analytic["server"] == "honest-but-curious" and analytic["psnr_mean"] > 60.0 and analytic["exact_mean"] == 1
     assert rows["fed_cdp", "robbing_the_fed", "fedsgd_b8"]["exact_mean"] == 0.0  # per-example noise at the default gain
