@@ -7,7 +7,10 @@ images each, attacked as its pseudo-gradient averaged over the steps. For each s
 :func:`~lightning_fl.attacks.labels.infer_labels`, the count accuracy (label multisets,
 :func:`~lightning_fl.attacks.metrics.label_recovery_accuracy`) and the set accuracy (Jaccard index of the class
 sets, :func:`~lightning_fl.attacks.metrics.label_set_accuracy`), averaged over ``seeds`` victims; the rules that
-assume distinct labels are skipped where B exceeds the classes. Prints one JSON line per cell.
+assume distinct labels are skipped where B exceeds the classes. ``llg_plus`` measures LLG+'s impact and offset
+(:func:`~lightning_fl.attacks.label_impact.label_impact`) on dummy inputs, as the attacks do; ``llg_plus_aux`` on
+the training split (digits: disjoint from the victims; photos: the victims' pool holds it), the auxiliary data of
+Wainakh et al. (2022). Prints one JSON line per cell.
 
 Settings: ``configs/label_recovery.yaml`` (``--config``); flags override them.
 """
@@ -23,7 +26,8 @@ import torch
 from _config import parse_args
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_fl.attacks.label_counts import dummy_statistics
+from lightning_fl.attacks.label_counts import dummy_inputs, dummy_statistics
+from lightning_fl.attacks.label_impact import LabelImpact, label_impact
 from lightning_fl.attacks.labels import infer_labels, last_layer_bias_name, last_layer_weight_name
 from lightning_fl.attacks.metrics import label_recovery_accuracy, label_set_accuracy
 from lightning_fl.attacks.standalone import client_view
@@ -54,6 +58,15 @@ def pool(data: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([s.images for s in splits]), torch.cat([s.labels for s in splits])
 
 
+def impacts(model: ImageClassifier, data: str, *, classifier_weight: str, seed: int) -> dict[str, LabelImpact]:
+    """LLG+'s measurements of ``model`` by the source of its labelled batches: dummies, or the training split."""
+    train = load_dataset(data, train=True, image_size=32)
+    dummies = dummy_inputs(64, input_shape=train.images.shape[1:], seed=seed)
+    by_class = [train.images[train.labels == c] for c in range(model.num_classes)]
+    sources = {"llg_plus": [dummies] * len(by_class), "llg_plus_aux": by_class}
+    return {k: label_impact(model, classifier_weight=classifier_weight, inputs_per_class=v) for k, v in sources.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", nargs="+")
@@ -75,6 +88,7 @@ def main() -> None:
                 weight = last_layer_weight_name(model, num_classes=num_classes)
                 bias = last_layer_bias_name(model, weight_name=weight)
                 dummy = dummy_statistics(model, classifier_weight=weight, input_shape=images.shape[1:], seed=seed)
+                measured = impacts(model, data, classifier_weight=weight, seed=seed)
                 with torch.no_grad():
                     accuracy = (model(images).argmax(1) == labels).double().mean().item()
                 scores.setdefault((0, "victim accuracy"), []).append((accuracy, accuracy))
@@ -97,9 +111,10 @@ def main() -> None:
                         found = infer_labels(
                             gradients[weight],
                             num_images=count,
-                            strategy=strategy,
+                            strategy="llg_plus" if strategy in measured else strategy,
                             bias_gradient=gradients[bias],
                             dummy=dummy,
+                            impact=measured.get(strategy),
                         )
                         truth = labels[index]
                         multiset = float(label_recovery_accuracy(found, truth, num_classes=num_classes))

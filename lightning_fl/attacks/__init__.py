@@ -8,6 +8,7 @@ from lightning_fl.attacks.grnn import GRNN, GRNNGenerator
 from lightning_fl.attacks.idlg import IDLGAttack
 from lightning_fl.attacks.imprint import ImprintBlock, MaliciousImprint
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
+from lightning_fl.attacks.label_impact import LabelImpact, label_impact
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
@@ -27,6 +28,7 @@ __all__ = [
     "ImprintBlock",
     "InvertingGradientsAttack",
     "IterationCallback",
+    "LabelImpact",
     "MIFace",
     "MaliciousImprint",
     "Reconstruction",
@@ -34,6 +36,7 @@ __all__ = [
     "SeeThroughGradientsAttack",
     "attack_report",
     "infer_labels",
+    "label_impact",
     "leaked_batch_size",
     "score_reconstruction",
 ]

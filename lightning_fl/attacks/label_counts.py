@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DummyStatistics", "counts_to_labels", "dummy_statistics", "label_counts"]
+__all__ = ["DummyStatistics", "counts_to_labels", "dummy_inputs", "dummy_statistics", "label_counts"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,28 @@ class DummyStatistics:
     mean_feature_sum: float
 
 
+def dummy_inputs(num_dummies: int, *, input_shape: Sequence[int], seed: int = 0) -> Tensor:
+    """Dummy inputs in [0, 1] ``(num_dummies, *input_shape)``, drawn on the CPU: four equal groups of images with
+    i.i.d. pixels :math:`u`, :math:`u^2`, :math:`u^3` and :math:`\\mathbb{1}[u < 0.3]` for :math:`u \\sim U(0, 1)`.
+
+    Example:
+        >>> dummy_inputs(8, input_shape=(1, 2, 2)).shape
+        torch.Size([8, 1, 2, 2])
+    """
+    u = torch.rand(num_dummies, *input_shape, generator=torch.Generator().manual_seed(seed))
+    group = num_dummies // 4
+    return torch.cat(
+        [u[:group], u[group : 2 * group] ** 2, u[2 * group : 3 * group] ** 3, (u[3 * group :] < 0.3).float()]
+    )
+
+
 def dummy_statistics(
     model: nn.Module, *, classifier_weight: str, input_shape: Sequence[int], num_dummies: int = 256, seed: int = 0
 ) -> DummyStatistics:
     """Estimate :math:`\\bar p` and :math:`\\bar O` on dummy inputs in [0, 1] (a copy of ``model``, no gradients).
 
-    Inferred (the paper leaves the dummy distribution open): four equal groups of images with i.i.d. pixels,
-    :math:`u`, :math:`u^2`, :math:`u^3` and :math:`\\mathbb{1}[u < 0.3]` for :math:`u \\sim U(0, 1)`, so that dark,
-    sparse images (digits) and mid-grey ones (photos) are both represented; docs/attacks.md compares the choices.
+    Inferred (the paper leaves the dummy distribution open): :func:`dummy_inputs`, so that dark, sparse images
+    (digits) and mid-grey ones (photos) are both represented; docs/attacks.md compares the choices.
 
     Args:
         model: the public model (its train/eval mode is kept; the copy absorbs any running-statistics update).
@@ -65,12 +79,7 @@ def dummy_statistics(
     """
     model = copy.deepcopy(model)
     reference = next(model.parameters())
-    generator = torch.Generator().manual_seed(seed)
-    u = torch.rand(num_dummies, *input_shape, generator=generator)
-    group = num_dummies // 4
-    dummies = torch.cat(
-        [u[:group], u[group : 2 * group] ** 2, u[2 * group : 3 * group] ** 3, (u[3 * group :] < 0.3).float()]
-    )
+    dummies = dummy_inputs(num_dummies, input_shape=input_shape, seed=seed)
     features: list[Tensor] = []
     module = model.get_submodule(classifier_weight.rpartition(".")[0])
     handle = module.register_forward_hook(lambda _module, inputs, _output: features.append(inputs[0]))

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor, nn
 
 from lightning_fl.attacks.label_counts import DummyStatistics, counts_to_labels, label_counts
+from lightning_fl.attacks.label_impact import LabelImpact, llg_labels
 
 __all__ = [
     "COUNT_STRATEGIES",
@@ -25,8 +25,8 @@ __all__ = [
     "last_layer_weight_name",
 ]
 
-LabelStrategy = Literal["idlg", "yin", "llg", "bias_count", "weight_count"]
-LABEL_STRATEGIES: frozenset[str] = frozenset({"idlg", "yin", "llg", "bias_count", "weight_count"})
+LabelStrategy = Literal["idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count"]
+LABEL_STRATEGIES: frozenset[str] = frozenset({"idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count"})
 COUNT_STRATEGIES: frozenset[str] = frozenset({"bias_count", "weight_count"})
 """The strategies that need :class:`~lightning_fl.attacks.label_counts.DummyStatistics` of the model."""
 
@@ -68,6 +68,7 @@ def infer_labels(
     strategy: LabelStrategy = "idlg",
     bias_gradient: Tensor | None = None,
     dummy: DummyStatistics | None = None,
+    impact: LabelImpact | None = None,
 ) -> Tensor:
     r"""Infer the labels of a batch from the gradient :math:`\nabla W` of the last linear layer, shape ``(K, D)``.
 
@@ -82,6 +83,9 @@ def infer_labels(
       the impact :math:`m = \frac{1}{B}(1 + \frac{1}{K}) \sum_{c: s_c < 0} s_c` is subtracted from a class's sum
       each time it is chosen, and the remaining labels are the repeatedly most negative sums, so repeated
       labels can be recovered.
+    - ``"llg_plus"``: LLG+ (Wainakh et al., Sec. 4): the same extraction with the impact and the offset of absent
+      classes measured on the model with batches of known labels (:mod:`~lightning_fl.attacks.label_impact`);
+      needs ``impact``.
     - ``"bias_count"``: Geng et al. (arXiv:2110.09074, Sec. 3.1): the count of class c is
       :math:`n_c = B(\bar p_c - \partial L/\partial b_c)`, exact up to the batch-mean softmax output
       :math:`\bar p`, which is estimated on dummy inputs (:mod:`~lightning_fl.attacks.label_counts`); needs
@@ -98,6 +102,7 @@ def infer_labels(
         strategy: one of :data:`LABEL_STRATEGIES`.
         bias_gradient: :math:`\nabla b` of the classifier bias ``(K,)`` (``"bias_count"``).
         dummy: the model's statistics on dummy inputs (the count strategies).
+        impact: LLG+'s measurements of the model (``"llg_plus"``).
 
     Returns:
         ``(B,)`` integer labels (sorted by evidence, not in batch order).
@@ -107,6 +112,7 @@ def infer_labels(
             without its inputs.
 
     Example:
+        >>> import torch
         >>> grad = torch.tensor([[0.2, 0.1], [-0.5, -0.4], [0.3, 0.2]])
         >>> infer_labels(grad, num_images=1)
         tensor([1])
@@ -139,12 +145,11 @@ def infer_labels(
     if strategy == "yin":
         return grad.amin(1).argsort()[:num_images]
     sums = grad.sum(1)
-    impact = sums.clamp(max=0).sum() * (1 + 1 / num_classes) / num_images
-    labels = [int(c) for c in torch.nonzero(sums < 0).flatten()][:num_images]
-    remaining = sums.clone()
-    remaining[labels] -= impact
-    while len(labels) < num_images:
-        chosen = int(remaining.argmin())
-        labels.append(chosen)
-        remaining[chosen] -= impact
-    return torch.tensor(labels, dtype=torch.long)
+    if strategy == "llg_plus":
+        if impact is None:
+            raise ValueError(
+                "label strategy 'llg_plus' needs impact=label_impact(model, ...) (lightning_fl.attacks.label_impact)."
+            )
+        return llg_labels(sums, num_images=num_images, impact=impact.at(num_images), offset=impact.offset)
+    batch_impact = float(sums.clamp(max=0).sum()) * (1 + 1 / num_classes) / num_images
+    return llg_labels(sums, num_images=num_images, impact=batch_impact)

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_fl.attacks.label_counts import dummy_statistics
+from lightning_fl.attacks.label_counts import dummy_inputs, dummy_statistics
+from lightning_fl.attacks.label_impact import label_impact
 from lightning_fl.attacks.labels import (
     COUNT_STRATEGIES,
     LabelStrategy,
@@ -32,6 +33,10 @@ def target_labels(
     """The ``target.num_images`` labels behind ``target`` by :func:`~lightning_fl.attacks.labels.infer_labels`, from
     the classifier's pseudo-gradient averaged over the local steps (the count rules' dummies drawn from ``seed``).
 
+    ``llg_plus`` measures its impact and offset with the same dummy inputs for every class (the attacker holds the
+    model but no data of the task; Wainakh et al. (2022) use auxiliary data, which a caller of
+    :func:`~lightning_fl.attacks.labels.infer_labels` can pass instead).
+
     Raises:
         ValueError: when the classifier weight is not among the matched layers.
     """
@@ -40,15 +45,19 @@ def target_labels(
     if weight not in gradients:
         raise ValueError(f"inferred labels need the classifier weight {weight!r} among the matched layers.")
     bias = last_layer_bias_name(model, weight_name=weight)
-    dummy = None
+    dummy = impact = None
     if strategy in COUNT_STRATEGIES:
         dummy = dummy_statistics(model, classifier_weight=weight, input_shape=input_shape, seed=seed)
+    if strategy == "llg_plus":
+        dummies = dummy_inputs(64, input_shape=input_shape, seed=seed)
+        impact = label_impact(model, classifier_weight=weight, inputs_per_class=[dummies] * num_classes)
     return infer_labels(
         gradients[weight] / target.local_steps,
         num_images=target.num_images,
         strategy=strategy,
         bias_gradient=gradients[bias] / target.local_steps if bias in gradients else None,
         dummy=dummy,
+        impact=impact,
     )
 
 

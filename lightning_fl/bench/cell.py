@@ -3,6 +3,7 @@
 The cells of one defence, threat model and seed differ only by the attack, and an attack only reads what the loop
 releases (its own copies, its own random generator), so one short federated run serves all of them: each attack is
 one :class:`GradientLeakage` callback on the same run, and the run's training is paid once, not once per attack.
+An attack that changes the run (a malicious server's model) has a run of its own, built the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lightning_fl.bench.experiment import build_loop, fit_spec, recorded_warning
 __all__ = ["METRICS", "failure", "run_attacks", "run_utility", "write_atomically"]
 
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
+"""Attack scores averaged over a cell's attacked events, besides ``exact`` and ``success_rate``."""
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -35,6 +37,7 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
     result: dict[str, Any] = {
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
         "success_rate": _mean([float((a.get("ssim") or 0.0) >= spec["success_ssim"]) for a in attacks]),
+        "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
         "attacked": len(attacks),
         "unreadable": unreadable,
         "cpu_seconds": seconds,

@@ -96,21 +96,26 @@ def check_grid(settings: Mapping[str, Any]) -> None:
             )
         for defence in settings["defences"]:
             for threat_model, threat in settings["threat_models"].items():
-                attacks = [a for a in settings["attacks"] if applies(settings, a, defence)]
-                specs = {a: Cell(defence, a, threat_model, seed).spec(settings) for a in attacks}
-                if not specs:
-                    continue
-                where = f"attack run of defences.{defence} under threat_models.{threat_model}"
-                loop, _ = _check_run(where, lambda specs=specs: attack_loop(specs, unwritten))
-                rounds = sorted(r for r in next(iter(specs.values()))["attack_rounds"] if not 0 <= r < loop.num_rounds)
-                if rounds:
-                    key = (
-                        f"threat_models.{threat_model}.attack_rounds" if "attack_rounds" in threat else "attack_rounds"
-                    )
-                    raise ValueError(
-                        f"{key} has {rounds}, which the attack run never reaches: its loop.num_rounds="
-                        f"{loop.num_rounds} gives rounds 0..{loop.num_rounds - 1}."
-                    )
+                attacks = [a for a in settings["attacks"] if applies(settings, a, defence, threat_model)]
+                runs: dict[str, dict[str, Any]] = {}  # attack run -> its cells' specs (an attack may have its own)
+                for a in attacks:
+                    spec = Cell(defence, a, threat_model, seed).spec(settings)
+                    runs.setdefault(spec["run"], {})[a] = spec
+                for specs in runs.values():
+                    where = f"attack run of defences.{defence} under threat_models.{threat_model}"
+                    where += f" (attacks.{next(iter(specs))})" if len(runs) > 1 else ""
+                    loop, _ = _check_run(where, lambda specs=specs: attack_loop(specs, unwritten))
+                    _check_rounds(threat_model, threat, next(iter(specs.values()))["attack_rounds"], loop.num_rounds)
+
+
+def _check_rounds(threat_model: str, threat: Mapping[str, Any], rounds: list[int], num_rounds: int) -> None:
+    beyond = sorted(r for r in rounds if not 0 <= r < num_rounds)
+    if beyond:
+        key = f"threat_models.{threat_model}.attack_rounds" if "attack_rounds" in threat else "attack_rounds"
+        raise ValueError(
+            f"{key} has {beyond}, which the attack run never reaches: its loop.num_rounds="
+            f"{num_rounds} gives rounds 0..{num_rounds - 1}."
+        )
 
 
 def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[dict[str, Any]]]:

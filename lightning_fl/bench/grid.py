@@ -29,14 +29,20 @@ __all__ = [
     "applies",
     "build",
     "cells",
+    "changes_run",
     "load_class",
     "load_settings",
     "select",
+    "server_threat",
     "utilities",
 ]
 
 _REQUIRED = ("data", "model", "loop", "defences", "attacks", "threat_models", "seeds")
 _THREAT_MODEL_KEYS = {"leak_point", "trained", "max_images", "attack_rounds", "data", "model", "loop", "about"}
+_ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_defences", "model"}
+"""An attack entry: the attack, the defences it runs against, and what it changes of its own run: the bundles a
+malicious server applies to the model it ships (``server_defences``, before the defence's own) and the model
+(``model``, merged over the attack run's); an attack with either gets an attack run of its own."""
 SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 """Grid axes a command line (``--defences a,b``) or an ``only:`` section may trim."""
 
@@ -99,6 +105,9 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
                 f"model has leak_point and optionally {sorted(_THREAT_MODEL_KEYS - {'leak_point'})}."
             )
     for name, attack in settings["attacks"].items():
+        keys = sorted(set(attack) - _ATTACK_KEYS)
+        if keys:
+            raise ValueError(f"attacks.{name}: unknown keys {keys}; an attack has {sorted(_ATTACK_KEYS)}.")
         unknown = sorted(set(attack.get("applies_to") or []) - set(raw["defences"]))
         if unknown:
             raise ValueError(f"attacks.{name}.applies_to names {unknown}, not in defences: {sorted(raw['defences'])}.")
@@ -160,7 +169,10 @@ class Cell:
         """Everything that defines this cell's attack run (what its fingerprint hashes).
 
         The run's settings are the config's ``data``/``model``/``loop``, then ``attack_run``, then the defence's
-        ``loop`` and then the threat model's ``data``/``model``/``loop``, each merged over the one before.
+        ``loop``, then the threat model's ``data``/``model``/``loop`` and then the attack's own ``model``, each merged
+        over the one before; the attack's ``server_defences`` come before the defence's bundles (the malicious
+        server changes the model first, the clients' defences act on what it ships). ``run`` names the attack run:
+        shared by the cells of one defence, threat model and seed, unless the attack changes the run.
         """
         defence = _defence(settings, self.defence)
         if self.threat_model not in settings["threat_models"]:
@@ -172,13 +184,18 @@ class Cell:
         parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "model", "loop")}
         parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
         parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
+        attack = settings["attacks"][self.attack]
+        parts["model"] = _merge(parts["model"], attack.get("model", {}))
         trained = bool(threat.get("trained", False))
+        run = f"{self.defence}__{self.threat_model}__s{self.seed}"
         return {
             "cell": self.key,
+            "run": f"{run}__{self.attack}" if changes_run(attack) else run,
             **parts,
-            "defences": defence.get("defences", []),
+            "defences": [*attack.get("server_defences", []), *defence.get("defences", [])],
             "client_callbacks": defence.get("client_callbacks", []),
-            "attack": {k: v for k, v in settings["attacks"][self.attack].items() if k != "applies_to"},
+            "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
+            "server": server_threat(attack),
             "threat_model": self.threat_model,
             "leak_point": threat["leak_point"],
             "trained_from": fingerprint(self.utility.spec(settings)) if trained else None,
@@ -189,11 +206,30 @@ class Cell:
         }
 
 
-def applies(settings: Mapping[str, Any], attack: str, defence: str) -> bool:
-    """Whether ``attack`` runs against ``defence``: always, unless the attack names the defences it applies to
-    (``applies_to``: model inversion needs a model with private layers)."""
-    allowed = settings["attacks"][attack].get("applies_to")
-    return allowed is None or defence in allowed
+def changes_run(attack: Mapping[str, Any]) -> bool:
+    """Whether an attack entry changes its attack run (``server_defences`` or ``model``): it then gets its own."""
+    return bool(attack.get("server_defences") or attack.get("model"))
+
+
+def server_threat(attack: Mapping[str, Any]) -> str:
+    """The server an attack entry assumes: ``malicious`` when it changes the model the clients receive
+    (``server_defences``, e.g. Robbing the Fed's imprint), else ``honest-but-curious`` (it only reads).
+
+    Example:
+        >>> server_threat({"class_path": "x.DLGAttack"}), server_threat({"server_defences": [{"class_path": "x.M"}]})
+        ('honest-but-curious', 'malicious')
+    """
+    return "malicious" if attack.get("server_defences") else "honest-but-curious"
+
+
+def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model: str | None = None) -> bool:
+    """Whether ``attack`` runs against ``defence`` (under ``threat_model``): always, unless the attack names the
+    defences it applies to (``applies_to``: model inversion needs a model with private layers), or it changes its
+    run's model and the threat model attacks the utility run's trained one (that model has no such layers)."""
+    entry = settings["attacks"][attack]
+    allowed = entry.get("applies_to")
+    trained = threat_model is not None and bool((settings["threat_models"][threat_model] or {}).get("trained"))
+    return (allowed is None or defence in allowed) and not (trained and changes_run(entry))
 
 
 def utilities(settings: Mapping[str, Any]) -> list[Utility]:
@@ -208,8 +244,8 @@ def cells(settings: Mapping[str, Any]) -> list[Cell]:
         Cell(defence, attack, threat_model, int(seed))
         for defence in settings["defences"]
         for attack in settings["attacks"]
-        if applies(settings, attack, defence)
         for threat_model in settings["threat_models"]
+        if applies(settings, attack, defence, threat_model)
         for seed in settings["seeds"]
     ]
 

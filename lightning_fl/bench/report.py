@@ -23,13 +23,14 @@ __all__ = [
 ]
 
 _UTILITY = ("test_accuracy", "epsilon")
-_ATTACK = ("psnr", "ssim", "lpips", "label_accuracy", "success_rate")
+_ATTACK = ("psnr", "ssim", "lpips", "label_accuracy", "exact", "success_rate")
 _VALUES = (*_UTILITY, *_ATTACK)
 COLUMNS = (
     "defence",
     "attack",
     "threat_model",
     "leak_point",
+    "server",
     "seeds",
     *(f"{v}_{s}" for v in _VALUES for s in ("mean", "std")),
     "utility_rounds",
@@ -38,7 +39,9 @@ COLUMNS = (
 )
 """``bench.csv``: one row per (defence, attack, threat model); mean and sample std over the seeds. ``test_accuracy``
 and ``epsilon`` come from the defence's utility runs (the same in every row of a defence), ``utility_rounds`` is the
-fewest rounds one of them completed."""
+fewest rounds one of them completed. ``server``: the attack's threat model of the server, ``honest-but-curious``
+(it reads what it receives) or ``malicious`` (it changed the model it ships); ``exact``: the share of the images
+behind an attacked update recovered at PSNR ≥ 30 dB."""
 
 
 def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -64,6 +67,7 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         trained = [utility.get(f"{defence}__s{r['seed']}", {"status": "missing"}) for r in runs]
         row: dict[str, Any] = {"defence": defence, "attack": attack, "threat_model": threat_model, "seeds": len(runs)}
         row["leak_point"] = runs[0].get("leak_point")
+        row["server"] = runs[0].get("server", "honest-but-curious")
         for value in _UTILITY:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([u.get(value) for u in trained])
         for value in _ATTACK:
@@ -110,7 +114,8 @@ def write_markdown(rows: Sequence[Mapping[str, Any]], path: Path, *, command: st
             f"| {defence} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
             f"{r['utility_rounds'] if r['utility_rounds'] is not None else '–'} |"
         )
-    header = "| defence | attack | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | success | status |"
+    header = "| defence | attack | server | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact | success "
+    header += "| status |"
     for threat_model in dict.fromkeys(r["threat_model"] for r in rows):
         chosen = [r for r in rows if r["threat_model"] == threat_model]
         lines += [
@@ -118,22 +123,29 @@ def write_markdown(rows: Sequence[Mapping[str, Any]], path: Path, *, command: st
             f"Threat model `{threat_model}` (leak point {chosen[0]['leak_point']}):",
             "",
             header,
-            "|" + "---|" * 10,
+            "|" + "---|" * 12,
         ]
         for r in chosen:
             values = [_cell(r, "test_accuracy", 3), _epsilon(r, epsilon_bound)]
             values += [_cell(r, v, d) for v, d in (("psnr", 1), ("ssim", 3), ("lpips", 3), ("label_accuracy", 2))]
-            values += [_cell(r, "success_rate", 2), r["status"]]
-            lines.append(f"| {r['defence']} | {r['attack']} | " + " | ".join(values) + " |")
+            values += [_cell(r, "exact", 2), _cell(r, "success_rate", 2), r["status"]]
+            lines.append(f"| {r['defence']} | {r['attack']} | {r['server']} | " + " | ".join(values) + " |")
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
         f"Seeds per cell: {seeds}. Test accuracy and ε: the defence's utility run (the config's data, model and loop "
         "settings); the attack scores: its short attack runs. Success: share of attacked events with SSIM ≥ the "
-        f"config's success_ssim. ⚠: ε > {epsilon_bound:g} (epsilon_bound), a guarantee too weak to mean much.",
+        "config's success_ssim. Exact: share of the images behind an attacked update recovered at PSNR ≥ 30 dB. "
+        "Server: honest-but-curious (reads what it receives) or malicious (changed the model it ships, e.g. Robbing "
+        f"the Fed's imprint). ⚠: ε > {epsilon_bound:g} (epsilon_bound), a guarantee too weak to mean much.",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _attack_label(row: Mapping[str, Any]) -> str:
+    """An attack's name in the plots, with its threat model when the server is malicious."""
+    return row["attack"] + (", malicious server" if row.get("server") == "malicious" else "")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -225,7 +237,7 @@ def write_scatter(rows: Sequence[Mapping[str, Any]], path: Path, *, epsilon_boun
         heights = _spread([points[i][1] for i in order], gap=0.06, low=0.0, high=1.0)
         for i, height in zip(order, heights, strict=True):
             r = best[i]
-            label = f"{r['defence']} ({r['attack']})"
+            label = f"{r['defence']} ({_attack_label(r)})"
             if r["epsilon_mean"] is not None:
                 label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
             ax.annotate(
@@ -250,15 +262,16 @@ def write_scatter(rows: Sequence[Mapping[str, Any]], path: Path, *, epsilon_boun
 def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Attack success heatmap: attacks × defences, one panel per threat model, the success rate in each cell."""
     threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
-    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    attacks = list(dict.fromkeys(_attack_label(r) for r in rows))
     defences = list(dict.fromkeys(r["defence"] for r in rows))
-    fig = _figure(0.55 * len(defences) * len(threat_models) + 2.5, 0.45 * len(attacks) + 2.2)
+    label_width = 0.07 * max(len(a) for a in attacks)  # every panel repeats the attack names
+    fig = _figure((0.55 * len(defences) + label_width) * len(threat_models) + 1.5, 0.45 * len(attacks) + 2.2)
     image = None
     for ax, threat_model in zip(fig.subplots(1, len(threat_models), squeeze=False)[0], threat_models, strict=True):
         grid = [[math.nan] * len(defences) for _ in attacks]
         for r in rows:
             if r["threat_model"] == threat_model and r["success_rate_mean"] is not None:
-                grid[attacks.index(r["attack"])][defences.index(r["defence"])] = r["success_rate_mean"]
+                grid[attacks.index(_attack_label(r))][defences.index(r["defence"])] = r["success_rate_mean"]
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="Reds", aspect="auto")
         for a, line in enumerate(grid):
             for d, value in enumerate(line):

@@ -156,9 +156,9 @@ def run_bench(
     utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
     results, todo_cells = _stored(grid, settings, output_dir / "cells")
-    groups: dict[tuple[str, str, int], list[tuple[Cell, dict[str, Any], str]]] = {}
+    groups: dict[str, list[tuple[Cell, dict[str, Any], str]]] = {}  # attack run -> its cells
     for cell, spec, digest in todo_cells:
-        groups.setdefault((cell.defence, cell.threat_model, cell.seed), []).append((cell, spec, digest))
+        groups.setdefault(spec["run"], []).append((cell, spec, digest))
     todo = sum(len(group) for group in groups.values())
     print_(
         f"bench: {len(todo_utility)} of {len(utility) + len(todo_utility)} utility run(s) and {todo} of {len(grid)} "
@@ -182,28 +182,29 @@ def run_bench(
     def finish_cells(group: list[tuple[Cell, dict[str, Any], str]], outcome: dict[str, dict[str, Any]]) -> None:
         for cell, spec, digest in group:
             result = outcome[cell.attack]
-            entry = {**vars(cell), "leak_point": spec["leak_point"], **result, "fingerprint": digest}
+            entry = {**vars(cell), "leak_point": spec["leak_point"], "server": spec["server"], **result}
+            entry["fingerprint"] = digest
             if result["status"].startswith("ok"):
                 write_atomically(output_dir / "cells" / f"{cell.key}.json", entry)
             results[cell.key] = entry
             print_(f"  {cell.key}: {result['status']} (psnr {result.get('psnr')})")
 
-    def submit_group(executor: _Executor, key: tuple[str, str, int]) -> Future:
+    def submit_group(executor: _Executor, key: str) -> Future:
         group = groups[key]
         cell = group[0][0]
         trained = None
         if group[0][1]["trained_from"] is not None:
             trained = str(output_dir / "runs" / "utility" / cell.utility.key / _GLOBAL_MODEL)
-        run_dir = str(output_dir / "runs" / f"{cell.defence}__{cell.threat_model}__s{cell.seed}")
-        return executor.submit("attack", {c.attack: spec for c, spec, _ in group}, run_dir, trained)
+        specs = {c.attack: spec for c, spec, _ in group}
+        return executor.submit("attack", specs, str(output_dir / "runs" / key), trained)
 
     executor = _Executor(jobs)
     pending: dict[Future, Any] = {}
     try:
         for run, spec, digest in todo_utility:
             pending[executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key))] = (run, digest)
-        waiting: dict[str, list[tuple[str, str, int]]] = {}  # utility run key -> trained-model attack runs after it
-        for key, group in sorted(groups.items(), key=lambda item: item[0][2]):
+        waiting: dict[str, list[str]] = {}  # utility run key -> trained-model attack runs after it
+        for key, group in sorted(groups.items(), key=lambda item: item[1][0][0].seed):
             cell, spec = group[0][0], group[0][1]
             if spec["trained_from"] is not None and cell.utility.key not in utility:
                 waiting.setdefault(cell.utility.key, []).append(key)

@@ -159,6 +159,7 @@ class GradientLeakage(FederatedCallback):
             **scores,
             "step": step,
             "ground_truth_size": len(ground_truth.targets),
+            "leaked_images": leaked,  # the images behind the view (ground truth may be the client's whole set)
             "seconds": reconstruction.info.get("seconds"),
         }
         if report["image"] is not None:
