@@ -55,7 +55,7 @@ def _component(class_path: str, **init_args: Any) -> dict[str, Any]:
 
 
 def _with_args(component: dict[str, Any], **init_args: Any) -> dict[str, Any]:
-    """A fit config's ``class_path``/``init_args`` entry with ``init_args`` replaced."""
+    """A fit config's ``class_path``/``init_args`` entry with ``init_args`` put over its own."""
     return {**component, "init_args": {**component.get("init_args", {}), **init_args}}
 
 
