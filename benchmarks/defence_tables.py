@@ -22,7 +22,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,10 @@ import yaml
 from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.metrics import fdlpp_privacy_score, image_mse, score_reconstruction
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.bench import scratch_loop
 from lightning_fl.bench.grid import build
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import Defence, add_gaussian_noise, apply_defences
-from lightning_fl.federation import FederatedLoop
 from lightning_fl.messages import GroundTruth, ServerView
 from lightning_fl.models import ImageClassifier
 from lightning_fl.private import reset_private_state
@@ -65,21 +64,22 @@ def _model(config: dict[str, Any], dm: FederatedDataModule, defences: list[Defen
 
 def accuracy(config: dict[str, Any], defences: list[Defence], transforms: list, callbacks: list) -> float:
     """Test accuracy after the config's FedAvg rounds (clients' own models when there are private layers)."""
-    dm = _data(config)
     rounds = config["loop"]["num_rounds"]
-    loop = FederatedLoop(
-        _model(config, dm, defences, seed=0),
-        dm,
-        **config["loop"],
-        client_transforms=transforms,
-        client_callbacks=callbacks,
-        eval_on="clients" if defences else "global",
-        eval_every=rounds,
-        checkpoint=False,
-        progress_bar=False,
-        output_dir=tempfile.mkdtemp(),
-    )
-    return float(loop.fit()["test_accuracy"])
+    spec = {
+        "seed": 0,
+        "data": config["data"],
+        "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": config["model"]},
+        "defences": [copy.deepcopy(d) for d in defences],
+        "loop": {
+            **config["loop"],
+            "client_transforms": transforms,
+            "client_callbacks": callbacks,
+            "eval_on": "clients" if defences else "global",
+            "eval_every": rounds,
+        },
+    }
+    with scratch_loop(spec) as loop:
+        return float(loop.fit()["test_accuracy"])
 
 
 def attack(

@@ -24,28 +24,22 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from _config import instantiate, parse_args, read_yaml
+from _config import parse_args
+from pogz_table2_sweep import noisy_upload
 
 from lightning_fl.attacks import IDLGAttack
+from lightning_fl.bench import fit_config_spec, scratch_loop
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import (
-    FedCDP,
-    FedSDP,
-    dpfl_noisy_update,
-    pogz_scores,
-)
-from lightning_fl.federation import FederatedLoop
+from lightning_fl.defences import pogz_scores
 from lightning_fl.models import ImageClassifier
-from lightning_fl.privacy import PrivacyAccountant, Schedule, state_norm
+from lightning_fl.privacy import PrivacyAccountant, state_norm
 from tests.privacy.paper_tables import FED_CDP_TABLE_VI  # the published numbers live with the tests
 
 _TRAINER = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
@@ -56,25 +50,19 @@ def _classifier(dm: FederatedDataModule, **kwargs: Any) -> ImageClassifier:
     return ImageClassifier(**{"backbone": "lenet_dlg", "lr": 2e-3, **kwargs, **dm.model_options})
 
 
-def _data(fit: dict[str, Any], **overrides: Any) -> FederatedDataModule:
-    """The data module of a fit config's ``data:`` section."""
-    data = {**fit["data"], **overrides}
-    return FederatedDataModule(data.pop("dataset"), **data)
+def _component(class_path: str, **init_args: Any) -> dict[str, Any]:
+    return {"class_path": class_path, "init_args": init_args}
 
 
-def _fit_classifier(fit: dict[str, Any], dm: FederatedDataModule) -> ImageClassifier:
-    """The fit config's ``model:`` (an ImageClassifier's init_args) for ``dm``'s inputs."""
-    return _classifier(dm, **fit["model"]["init_args"])
+def _with_args(component: dict[str, Any], **init_args: Any) -> dict[str, Any]:
+    """A fit config's ``class_path``/``init_args`` entry with ``init_args`` put over its own."""
+    return {**component, "init_args": {**component.get("init_args", {}), **init_args}}
 
 
-def _loop_options(fit: dict[str, Any], rounds: int | None) -> dict[str, Any]:
-    """Rounds, clients per round and local epochs of a fit config's ``loop:`` (``rounds`` overrides)."""
-    loop = fit["loop"]
-    return {
-        "num_rounds": rounds or loop["num_rounds"],
-        "clients_per_round": loop["clients_per_round"],
-        "local_epochs": loop["local_epochs"],
-    }
+def _rounds(fit: dict[str, Any], rounds: int | None, **loop: Any) -> dict[str, Any]:
+    """The fit config's ``loop:`` run for ``rounds`` (default: its own), evaluated after the last; ``loop`` on top."""
+    num_rounds = rounds or fit["loop"]["num_rounds"]
+    return {**fit["loop"], "num_rounds": num_rounds, "eval_every": num_rounds, **loop}
 
 
 # -- DPFL ------------------------------------------------------------------------------------------------------
@@ -101,16 +89,8 @@ def one_noisy_epoch_accuracy(allocation: str, epsilons: list[float], protocol: d
     for epsilon in epsilons:
         accuracies = []
         for seed in range(protocol["draws"]):
-            noisy = dpfl_noisy_update(
-                delta,
-                scores=scores,
-                epsilon=epsilon,
-                clip_bound=alpha,
-                sensitivity=2 * eta * alpha,
-                allocation=allocation,
-                clipping=protocol.get("clipping", "whole_update"),
-                generator=torch.Generator().manual_seed(seed),
-            )
+            clipping, generator = protocol.get("clipping", "whole_update"), torch.Generator().manual_seed(seed)
+            noisy = noisy_upload(delta, scores, epsilon, alpha, allocation, clipping, generator, eta=eta)
             model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in before.items()})
             accuracies.append(L.Trainer(**_TRAINER).test(model, dm.test_dataloader(), verbose=False)[0]["test_acc"])
         results.append(sum(accuracies) / len(accuracies))
@@ -119,24 +99,9 @@ def one_noisy_epoch_accuracy(allocation: str, epsilons: list[float], protocol: d
 
 def dpfl_federated(fit: dict[str, Any], epsilon: float | None, rounds: int | None) -> float:
     """DPFL Table III: the fit config's federation, its PoGZNoise at ``epsilon`` (``None``: no noise)."""
-    dm = _data(fit)
-    torch.manual_seed(0)
-    loop_cfg = fit["loop"]
-    noise = [instantiate(t, epsilon=epsilon) for t in loop_cfg["client_transforms"]] if epsilon else []
-    loop = FederatedLoop(
-        _fit_classifier(fit, dm),
-        dm,
-        **_loop_options(fit, rounds),
-        selector=instantiate(loop_cfg["selector"]),
-        aggregator=instantiate(loop_cfg["aggregator"]),
-        client_transforms=noise,
-        server_transforms=[instantiate(t) for t in loop_cfg["server_transforms"]],
-        eval_every=rounds or loop_cfg["num_rounds"],
-        output_dir=tempfile.mkdtemp(),
-        checkpoint=False,
-        progress_bar=False,
-    )
-    return loop.fit()["test_accuracy"]
+    noise = [_with_args(t, epsilon=epsilon) for t in fit["loop"]["client_transforms"]] if epsilon else []
+    with scratch_loop({**fit, "loop": _rounds(fit, rounds, client_transforms=noise)}) as loop:
+        return loop.fit()["test_accuracy"]
 
 
 # -- Fed-CDP / Fed-SDP -----------------------------------------------------------------------------------------
@@ -147,33 +112,22 @@ def fed_cdp_run(
 
     ``fed_cdp_decay`` replaces the clip bound by a linear decay from ``clip_start`` to ``clip_end`` over the run.
     """
-    dm = _data(fit)
-    torch.manual_seed(0)
-    options = _loop_options(fit, rounds)
-    fed_cdp = {**fit["defences"][0]["init_args"], **cdp}
-    clip_start, clip_end = fed_cdp.pop("clip_start", None), fed_cdp.pop("clip_end", None)
-    defences: list = []
-    transforms: list = []
-    if defence == "fed_sdp":
-        transforms = [FedSDP(noise_multiplier=fed_sdp_sigma, max_grad_norm=fed_cdp["max_grad_norm"])]
-    elif defence == "fed_cdp":
-        defences = [FedCDP(**fed_cdp)]
-    elif defence == "fed_cdp_decay":
-        clip = Schedule(clip_start, end=clip_end, kind="linear", num_rounds=options["num_rounds"])
-        defences = [FedCDP(**{**fed_cdp, "max_grad_norm": clip})]
-    loop = FederatedLoop(
-        _fit_classifier(fit, dm),
-        dm,
-        **options,
-        aggregator=instantiate(fit["loop"]["aggregator"]),
-        defences=defences,
-        client_transforms=transforms,
-        eval_every=options["num_rounds"],
-        output_dir=tempfile.mkdtemp(),
-        checkpoint=False,
-        progress_bar=False,
+    loop = _rounds(fit, rounds)
+    fed_cdp = _with_args(fit["defences"][0], **cdp)
+    clip_start, clip_end = fed_cdp["init_args"].pop("clip_start", None), fed_cdp["init_args"].pop("clip_end", None)
+    clip = fed_cdp["init_args"]["max_grad_norm"]
+    decay = _component(
+        "lightning_fl.privacy.Schedule", start=clip_start, end=clip_end, kind="linear", num_rounds=loop["num_rounds"]
     )
-    summary = loop.fit()
+    fed_sdp = _component("lightning_fl.defences.FedSDP", noise_multiplier=fed_sdp_sigma, max_grad_norm=clip)
+    defences, transforms = {
+        "none": ([], []),
+        "fed_sdp": ([], [fed_sdp]),
+        "fed_cdp": ([fed_cdp], []),
+        "fed_cdp_decay": ([_with_args(fed_cdp, max_grad_norm=decay)], []),
+    }[defence]
+    with scratch_loop({**fit, "defences": defences, "loop": {**loop, "client_transforms": transforms}}) as federation:
+        summary = federation.fit()
     return {"accuracy": summary["test_accuracy"], "epsilon": summary["history"][-1].get("epsilon")}
 
 
@@ -189,37 +143,38 @@ def table_vi(sigma: float, delta: float) -> list[dict[str, Any]]:
 
 def leakage(defence: str, leak_point: str, attack: dict[str, Any]) -> dict[str, Any]:
     """Fed-CDP Table VII cell: iDLG on one example's type-0/1 or type-2 leak (``attack``: the setting)."""
-    dm = FederatedDataModule("digits", num_clients=2, partition="iid", batch_size=1, image_size=attack["image_size"])
-    torch.manual_seed(0)
-    callbacks: list = [
-        GradientLeakage(
-            IDLGAttack(max_iterations=attack["iterations"], progress_bar=False),
-            leak_point=leak_point,
-            save_images=False,
-        )
-    ]
-    transforms: list = []
-    defences: list = []
-    if defence == "fed_sdp":
-        transforms = [FedSDP()]
-    elif defence in ("fed_cdp", "fed_cdp_decay"):
-        decay = Schedule(attack["clip_start"], end=attack["clip_end"], kind="linear", num_rounds=100)
-        defences = [FedCDP(max_grad_norm=attack["clip"] if defence == "fed_cdp" else decay)]
-    loop = FederatedLoop(
-        _classifier(dm, optimizer="sgd", lr=attack["lr"]),
-        dm,
-        num_rounds=1,
-        clients_per_round=1,
-        local_steps=1,
-        eval_every=0,
-        defences=defences,
-        callbacks=callbacks,
-        client_transforms=transforms,
-        output_dir=tempfile.mkdtemp(),
-        checkpoint=False,
-        progress_bar=False,
+    decay = _component(
+        "lightning_fl.privacy.Schedule",
+        start=attack["clip_start"],
+        end=attack["clip_end"],
+        kind="linear",
+        num_rounds=100,
     )
-    entry = loop.fit()["attacks"][0]
+    clip = {"fed_cdp": attack["clip"], "fed_cdp_decay": decay}.get(defence)
+    fed_cdp = _component("lightning_fl.defences.FedCDP", max_grad_norm=clip, sampling=attack["sampling"])
+    defences = [fed_cdp] if clip is not None else []
+    spec = {
+        "seed": 0,
+        "data": {
+            "dataset": "digits",
+            "num_clients": 2,
+            "partition": "iid",
+            "batch_size": 1,
+            "image_size": attack["image_size"],
+        },
+        "model": _component("lightning_fl.models.ImageClassifier", optimizer="sgd", lr=attack["lr"]),
+        "defences": defences,
+        "loop": {
+            "num_rounds": 1,
+            "clients_per_round": 1,
+            "local_steps": 1,
+            "eval_every": 0,
+            "client_transforms": [_component("lightning_fl.defences.FedSDP")] if defence == "fed_sdp" else [],
+        },
+    }
+    attacker = IDLGAttack(max_iterations=attack["iterations"], progress_bar=False)
+    with scratch_loop(spec, callbacks=[GradientLeakage(attacker, leak_point=leak_point, save_images=False)]) as loop:
+        entry = loop.fit()["attacks"][0]
     mse = entry["mse"]
     return {"mse": round(mse, 4), "psnr": round(entry["psnr"], 1), "succeeded": mse < attack["success_mse"]}
 
@@ -227,29 +182,16 @@ def leakage(defence: str, leak_point: str, attack: dict[str, Any]) -> dict[str, 
 # -- 2DP-FL ------------------------------------------------------------------------------------------------------
 def dual_dp_run(fit: dict[str, Any], mode: str | None, rounds: int | None) -> dict[str, Any]:
     """2DP-FL Fig. 6(b) bar: the fit config's federation without DP (``mode=None``) or its DualDPFL in ``mode``."""
-    dm = _data(fit)
-    torch.manual_seed(0)
-    options = _loop_options(fit, rounds)
-    callbacks: list = []
-    defences: list = []
-    if mode is not None:
-        callbacks = [instantiate(c) for c in fit["loop"]["callbacks"]]
-        defences = [instantiate(fit["defences"][0], mode=mode)]
-    loop = FederatedLoop(
-        _fit_classifier(fit, dm),
-        dm,
-        **options,
-        defences=defences,
-        callbacks=callbacks,
-        eval_every=options["num_rounds"],
-        output_dir=tempfile.mkdtemp(),
-        checkpoint=False,
-        progress_bar=False,
-    )
-    summary = loop.fit()
-    accuracies = [h["test_accuracy"] for h in summary["history"] if h.get("test_accuracy") is not None]
+    if mode is None:
+        spec = {**fit, "defences": [], "loop": _rounds(fit, rounds, callbacks=[])}
+    else:
+        spec = {**fit, "defences": [_with_args(fit["defences"][0], mode=mode)], "loop": _rounds(fit, rounds)}
+    with scratch_loop(spec) as loop:
+        summary = loop.fit()
+        accuracies = [h["test_accuracy"] for h in summary["history"] if h.get("test_accuracy") is not None]
+        accuracy = accuracies[-1] if accuracies else loop.evaluate()
     return {
-        "accuracy": accuracies[-1] if accuracies else loop.evaluate(),
+        "accuracy": accuracy,
         "rounds": summary["rounds_completed"],
         "epsilon": summary["history"][-1].get("epsilon"),
     }
@@ -262,12 +204,12 @@ def _dpfl_table2(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dpfl_table3(args: argparse.Namespace) -> dict[str, Any]:
-    fit = read_yaml(args.dpfl_config)
+    fit = fit_config_spec(args.dpfl_config)
     return {str(e): dpfl_federated(fit, e, args.rounds) for e in [None, *args.from_config["dpfl_table3"]["epsilons"]]}
 
 
 def _fed_cdp_table2(args: argparse.Namespace) -> dict[str, Any]:
-    fit, setting = read_yaml(args.fed_cdp_config), args.from_config["fed_cdp_table2"]
+    fit, setting = fit_config_spec(args.fed_cdp_config), args.from_config["fed_cdp_table2"]
     common = {"fed_sdp_sigma": setting["fed_sdp_noise_multiplier"], **setting["decay"]}
     rows = {d: fed_cdp_run(fit, d, args.rounds, **common) for d in ("none", "fed_sdp", "fed_cdp", "fed_cdp_decay")}
     for d in ("fed_cdp", "fed_cdp_decay"):  # a noise level the tiny federation survives
@@ -276,7 +218,7 @@ def _fed_cdp_table2(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fed_cdp_table6(args: argparse.Namespace) -> list[dict[str, Any]]:
-    cdp = read_yaml(args.fed_cdp_config)["defences"][0]["init_args"]
+    cdp = fit_config_spec(args.fed_cdp_config)["defences"][0]["init_args"]
     return table_vi(cdp["noise_multiplier"], cdp["delta"])
 
 
@@ -290,7 +232,7 @@ def _fed_cdp_table7(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dual_dp_fig6b(args: argparse.Namespace) -> dict[str, Any]:
-    fit = read_yaml(args.dual_dp_config)
+    fit = fit_config_spec(args.dual_dp_config)
     return {str(m): dual_dp_run(fit, m, args.rounds) for m in (None, *args.from_config["dual_dp_fig6b"]["modes"])}
 
 
@@ -314,7 +256,6 @@ def main() -> None:
     parser.add_argument("--out", default="runs/dp_tables.json")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="tables to run")
     args = parse_args(parser)
-    warnings.filterwarnings("ignore")
     start, cpu = time.perf_counter(), time.process_time()
     results: dict[str, Any] = {part: PARTS[part](args) for part in args.parts}
     results["seconds"] = time.perf_counter() - start

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tempfile
-import warnings
 from typing import Any
 
-import torch
-
-from lightning_fl import ClientUpdate, FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl import ClientUpdate, scratch_loop
 from lightning_fl.defences import PaillierEncryption, SecureFedAvg
 from lightning_fl.transforms import ClientTransform
 
@@ -42,15 +38,17 @@ class _ClaimsSamples(ClientTransform):
         return update if update.client_id != 1 else dataclasses.replace(update, num_samples=self.num_samples)
 
 
-def _run(label: str, **options: Any) -> None:
-    dm = FederatedDataModule("digits", num_clients=4, partition="iid", image_size=16, batch_size=32, seed=0)
-    torch.manual_seed(0)
-    model = ImageClassifier("lenet_dlg", lr=2e-3, **dm.model_options)
-    with tempfile.TemporaryDirectory() as tmp:
-        loop = FederatedLoop(
-            model, dm, num_rounds=3, clients_per_round=4, local_steps=20, eval_every=3, checkpoint=False,
-            output_dir=tmp, progress_bar=False, **options,
-        )  # fmt: skip
+SPEC = {
+    "seed": 0,
+    "data": {"dataset": "digits", "num_clients": 4, "partition": "iid", "image_size": 16, "batch_size": 32},
+    "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": {"backbone": "lenet_dlg", "lr": 2e-3}},
+    "loop": {"num_rounds": 3, "clients_per_round": 4, "local_steps": 20, "eval_every": 3},
+}
+"""The federation every line runs (the shared builder's spec); each line adds its faulty client."""
+
+
+def _run(label: str, *, defences: tuple = (), **options: Any) -> None:
+    with scratch_loop({**SPEC, "defences": list(defences), "loop": {**SPEC["loop"], **options}}) as loop:
         try:
             summary = loop.fit()
         except (RuntimeError, ValueError) as err:
@@ -62,8 +60,6 @@ def _run(label: str, **options: Any) -> None:
 
 
 def main() -> None:
-    warnings.filterwarnings("ignore", message=".*below 2048 bits.*")
-    warnings.filterwarnings("ignore", message=".*is dropped.*")
     encryption = _ScalesClearLayers(key_size=512, layers=["backbone.fc.bias"], max_weight_sum=2**12)
     _run("paillier clear x1e20", defences=[encryption], aggregator=SecureFedAvg())
     for num_samples in (324, 1, 1e12, math.inf):

@@ -17,40 +17,36 @@ Writes ``<out>/curves.csv`` (setting, seed, round, test_accuracy, cpu_s) and pri
 from __future__ import annotations
 
 import argparse
-import csv
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from _config import instantiate, parse_args, read_yaml
+from _config import parse_args
+from _results import csv_appender
 
-from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import apply_defences
-from lightning_fl.federation import FederatedLoop
-from lightning_fl.models import ImageClassifier
+from lightning_fl.bench import fit_config_spec, scratch_loop
 
 
 def run(
     fit: dict[str, Any], args: argparse.Namespace, passports: int, *, seed: int
 ) -> tuple[list[tuple[int, float]], float]:
     """One run of the fit config with ``passports`` passport convolutions (0: plain FedAvg); accuracy per round."""
-    data = {**fit["data"], "batch_size": args.batch_size, "seed": seed}
-    dm = FederatedDataModule(data.pop("dataset"), **data)
-    torch.manual_seed(seed)
-    defences = [instantiate(fit["defences"][0], num_convs=passports)] if passports else []
-    model = apply_defences(ImageClassifier(**{**fit["model"]["init_args"], **dm.model_options}), defences)
-    fine_tune = [instantiate(c) for c in fit["loop"]["client_callbacks"]] if passports else []
-    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loop = FederatedLoop(
-            model, dm, num_rounds=args.rounds, clients_per_round=args.clients_per_round,
-            local_epochs=args.local_epochs, client_callbacks=fine_tune,
-            eval_on="clients" if passports else "global", eval_every=args.every, checkpoint=False, progress_bar=False,
-            output_dir=out, seed=seed,
-        )  # fmt: skip
+    passport = fit["defences"][0]
+    spec = {
+        **fit,
+        "seed": seed,
+        "data": {**fit["data"], "batch_size": args.batch_size},
+        "defences": [{**passport, "init_args": {**passport["init_args"], "num_convs": passports}}] if passports else [],
+        "loop": {
+            "num_rounds": args.rounds,
+            "clients_per_round": args.clients_per_round,
+            "local_epochs": args.local_epochs,
+            "client_callbacks": fit["loop"]["client_callbacks"] if passports else [],
+            "eval_on": "clients" if passports else "global",
+            "eval_every": args.every,
+        },
+    }
+    with scratch_loop(spec) as loop:
         start = time.process_time()
         history = loop.fit()["history"]
         cpu = time.process_time() - start
@@ -70,25 +66,18 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", help="setting names (keys of the config's passports:)")
     parser.add_argument("--out", type=Path)
     args = parse_args(parser)
-    fit, passports = read_yaml(args.fit_config), args.from_config["passports"]
+    fit, passports = fit_config_spec(args.fit_config), args.from_config["passports"]
     unknown = sorted(set(args.settings) - set(passports))
     if unknown:
         parser.error(f"--settings {unknown} unknown; the config's passports: names {sorted(passports)}.")
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / "curves.csv"
-    new_file = not csv_path.exists()
-    with csv_path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=("setting", "seed", "round", "test_accuracy", "cpu_s"))
-        if new_file:
-            writer.writeheader()
+    with csv_appender(args.out / "curves.csv", ("setting", "seed", "round", "test_accuracy", "cpu_s")) as append:
         for seed in args.seeds:
             for name in args.settings:
                 curve, cpu = run(fit, args, passports[name], seed=seed)
-                writer.writerows(
+                append(
                     {"setting": name, "seed": seed, "round": r, "test_accuracy": a, "cpu_s": round(cpu, 1)}
                     for r, a in curve
                 )
-                f.flush()
                 points = " ".join(f"{r}:{a:.3f}" for r, a in curve)
                 print(f"{name} seed={seed}: {points} ({cpu:.0f} CPU s)", flush=True)
 

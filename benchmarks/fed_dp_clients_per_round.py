@@ -17,43 +17,41 @@ runs finish) and prints the final accuracy per row. Not run in CI::
 from __future__ import annotations
 
 import argparse
-import csv
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from _config import instantiate, parse_args, read_yaml
+from _config import parse_args
+from _results import csv_appender
 
-from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import FedCDP, FedSDP, FedSDPServerNoise
-from lightning_fl.federation import FederatedLoop
-from lightning_fl.models import ImageClassifier
+from lightning_fl.bench import fit_config_spec, scratch_loop
 
 FIELDS = ("defence", "clients", "per_round", "seed", "round", "test_accuracy", "epsilon", "cpu_s")
 
 
-def defence_options(name: str, cdp: dict[str, Any]) -> dict[str, Any]:
-    """Loop keyword arguments of one row: no DP, Fed-CDP (config's options), or Fed-SDP client- or server-side."""
-    sigma, clip = cdp["noise_multiplier"], cdp["max_grad_norm"]
+def _component(name: str, **init_args: Any) -> dict[str, Any]:
+    return {"class_path": f"lightning_fl.defences.{name}", "init_args": init_args}
+
+
+def defence_options(name: str, fed_cdp: dict[str, Any]) -> dict[str, Any]:
+    """Spec entries of one row: no DP, Fed-CDP (the fit config's), or Fed-SDP client- or server-side at its sigma."""
+    sigma, clip = fed_cdp["init_args"]["noise_multiplier"], fed_cdp["init_args"]["max_grad_norm"]
     if name == "none":
         return {}
     if name == "fed_cdp":
-        return {"defences": [FedCDP(**cdp)]}
+        return {"defences": [fed_cdp]}
     if name == "fed_sdp":
-        return {"client_transforms": [FedSDP(noise_multiplier=sigma, max_grad_norm=clip)]}
+        return {"client_transforms": [_component("FedSDP", noise_multiplier=sigma, max_grad_norm=clip)]}
     if name == "fed_sdp_server":
         return {
-            "client_transforms": [FedSDP(noise_multiplier=0.0, max_grad_norm=clip)],
-            "server_transforms": [FedSDPServerNoise(noise_multiplier=sigma, max_grad_norm=clip)],
+            "client_transforms": [_component("FedSDP", noise_multiplier=0.0, max_grad_norm=clip)],
+            "server_transforms": [_component("FedSDPServerNoise", noise_multiplier=sigma, max_grad_norm=clip)],
         }
     raise ValueError(f"--defences {name!r} is unknown; use none, fed_cdp, fed_sdp or fed_sdp_server.")
 
 
 def run(
-    config: dict[str, Any],
+    fit: dict[str, Any],
     defence: str,
     *,
     clients: int,
@@ -62,21 +60,25 @@ def run(
     seed: int,
     local_epochs: int | None = None,
 ) -> list[dict]:
-    data = {**config["data"], "num_clients": clients, "seed": seed}
-    dm = FederatedDataModule(data.pop("dataset"), **data)
-    torch.manual_seed(seed)
-    model = ImageClassifier(**{**config["model"]["init_args"], **dm.model_options})
-    cdp = config["defences"][0]["init_args"]
-    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=per_round,
-            local_epochs=local_epochs or config["loop"]["local_epochs"],
-            aggregator=instantiate(config["loop"]["aggregator"]), eval_every=max(1, rounds // 6), output_dir=out,
-            progress_bar=False, checkpoint=False, seed=seed, **defence_options(defence, cdp),
-        )  # fmt: skip
+    """One row's run of the fit config with ``clients`` clients, ``per_round`` a round; its evaluated rounds."""
+    options = defence_options(defence, fit["defences"][0])
+    loop = {
+        **fit["loop"],
+        "num_rounds": rounds,
+        "clients_per_round": per_round,
+        "local_epochs": local_epochs or fit["loop"]["local_epochs"],
+        "eval_every": max(1, rounds // 6),
+    }
+    spec = {
+        **fit,
+        "seed": seed,
+        "data": {**fit["data"], "num_clients": clients},
+        "defences": options.pop("defences", []),
+        "loop": {**loop, **options},
+    }
+    with scratch_loop(spec) as federation:
         start = time.process_time()
-        history = loop.fit()["history"]
+        history = federation.fit()["history"]
         cpu = time.process_time() - start
     return [
         {"round": i, "test_accuracy": h["test_accuracy"], "epsilon": h.get("epsilon", ""), "cpu_s": round(cpu, 1)}
@@ -97,19 +99,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+")
     parser.add_argument("--out", type=Path)
     args = parse_args(parser)
-    config = read_yaml(args.fit_config)
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / "curves.csv"
-    new_file = not csv_path.exists()
-    with csv_path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+    fit = fit_config_spec(args.fit_config)
+    with csv_appender(args.out / "curves.csv", FIELDS) as append:
         for seed in args.seeds:
             for per_round in args.per_round:
                 for defence in args.defences:
                     rows = run(
-                        config,
+                        fit,
                         defence,
                         clients=args.clients,
                         per_round=per_round,
@@ -118,8 +114,7 @@ def main() -> None:
                         local_epochs=args.local_epochs,
                     )
                     common = {"defence": defence, "clients": args.clients, "per_round": per_round, "seed": seed}
-                    writer.writerows({**common, **r} for r in rows)
-                    f.flush()
+                    append({**common, **r} for r in rows)
                     last = rows[-1]
                     curve = " ".join(f"{r['test_accuracy']:.3f}" for r in rows)
                     print(

@@ -22,40 +22,38 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-import warnings
-from collections.abc import Callable
 from typing import Any
 
-import torch
 from _config import parse_args
 
-from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier
-from lightning_fl.defences import PaillierEncryption, SecureFedAvg
-from lightning_fl.server import Aggregator, FedBoosting
-from lightning_fl.transforms import ClientTransform
+from lightning_fl.bench import scratch_loop
+
+FED_AVG = {"class_path": "lightning_fl.server.FedAvg"}
+SECURE_FED_AVG = {"class_path": "lightning_fl.defences.SecureFedAvg"}
 
 
-def run(
-    aggregator: Callable[[], Aggregator],
-    transforms: Callable[[], list[ClientTransform]],
-    *,
-    epochs: int,
-    rounds: int,
-    seed: int,
-    data: dict[str, Any],
-    model: dict[str, Any],
-) -> dict[str, float]:
-    dm = FederatedDataModule(**data, seed=seed)
-    torch.manual_seed(seed)
-    classifier = ImageClassifier(**dm.model_options, **model)
-    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loop = FederatedLoop(
-            classifier, dm, num_rounds=rounds, clients_per_round=4, local_epochs=epochs, aggregator=aggregator(),
-            client_transforms=transforms(), output_dir=out, progress_bar=False, checkpoint=False, seed=seed,
-        )  # fmt: skip
+def fed_boosting(**init_args: Any) -> dict[str, Any]:
+    """FedBoosting's ``class_path``/``init_args`` (thesis Alg. 1) with ``init_args``."""
+    return {"class_path": "lightning_fl.server.FedBoosting", "init_args": init_args}
+
+
+def run(setting: dict[str, Any], aggregator: dict[str, Any], transforms: list, *, epochs: int) -> dict[str, float]:
+    """One row's run: ``setting`` (the shared builder's spec without the loop), all 4 clients every round."""
+    rounds = setting["rounds"]
+    spec = {
+        "seed": setting["seed"],
+        "data": setting["data"],
+        "model": setting["model"],
+        "loop": {
+            "num_rounds": rounds,
+            "clients_per_round": 4,
+            "local_epochs": epochs,
+            "aggregator": aggregator,
+            "client_transforms": transforms,
+        },
+    }
+    with scratch_loop(spec) as loop:
         start = time.perf_counter()
         summary = loop.fit()
         elapsed = time.perf_counter() - start
@@ -80,32 +78,25 @@ def main() -> None:
     parser.add_argument("--key-size", type=int)
     parser.add_argument("--only", nargs="+", help="run only the rows with these method names")
     args = parse_args(parser)
-    setting = {k: args.from_config[k] for k in ("data", "model")}
-
-    def he() -> list[ClientTransform]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return [PaillierEncryption(key_size=args.key_size)]
-
-    def plain() -> list[ClientTransform]:
-        return []
-
+    setting = {"data": args.from_config["data"], "model": args.from_config["model"], "rounds": args.rounds}
+    he = [{"class_path": "lightning_fl.defences.PaillierEncryption", "init_args": {"key_size": args.key_size}}]
+    plain: list = []
     rows = [
-        ("4.1", "FedAvg", 1, FedAvg, plain),
-        ("4.1", "FedBoosting", 1, FedBoosting, plain),
-        ("4.1 / 4.3", "FedAvg", args.epochs, FedAvg, plain),
-        ("4.1 / 4.3", "FedAvg, uniform 1/N (thesis baseline)", args.epochs, lambda: FedAvg(weighted=False), plain),
-        ("4.1 / 4.3", "FedBoosting", args.epochs, FedBoosting, plain),
-        ("4.3", "FedAvg + HE", args.epochs, SecureFedAvg, he),
-        ("4.3", "FedBoosting + HE", args.epochs, FedBoosting, he),
-        ("4.3", "FedBoosting + HE + DP (p_hat 0.9)", args.epochs, lambda: FedBoosting(fusion_p_hat=0.9), he),
+        ("4.1", "FedAvg", 1, FED_AVG, plain),
+        ("4.1", "FedBoosting", 1, fed_boosting(), plain),
+        ("4.1 / 4.3", "FedAvg", args.epochs, FED_AVG, plain),
         (
-            "ablation",
-            "FedBoosting, Eq. 4.2 literal",
+            "4.1 / 4.3",
+            "FedAvg, uniform 1/N (thesis baseline)",
             args.epochs,
-            lambda: FedBoosting(weighting="softmax_losses"),
+            {**FED_AVG, "init_args": {"weighted": False}},
             plain,
         ),
+        ("4.1 / 4.3", "FedBoosting", args.epochs, fed_boosting(), plain),
+        ("4.3", "FedAvg + HE", args.epochs, SECURE_FED_AVG, he),
+        ("4.3", "FedBoosting + HE", args.epochs, fed_boosting(), he),
+        ("4.3", "FedBoosting + HE + DP (p_hat 0.9)", args.epochs, fed_boosting(fusion_p_hat=0.9), he),
+        ("ablation", "FedBoosting, Eq. 4.2 literal", args.epochs, fed_boosting(weighting="softmax_losses"), plain),
     ]
     print(f"{setting['data']}, {args.rounds} rounds, seeds {args.seeds}, key {args.key_size} bits\n")
     print("| table | method | local epochs | final test acc. (per seed) | best acc. | s/round | HE s/round |")
@@ -113,9 +104,7 @@ def main() -> None:
     for table, name, epochs, aggregator, transforms in rows:
         if args.only is not None and name not in args.only:
             continue
-        results = [
-            run(aggregator, transforms, epochs=epochs, rounds=args.rounds, seed=s, **setting) for s in args.seeds
-        ]
+        results = [run({**setting, "seed": s}, aggregator, transforms, epochs=epochs) for s in args.seeds]
         finals = " / ".join(f"{r['final']:.3f}" for r in results)
         mean = {k: statistics.mean(r[k] for r in results) for k in results[0]}
         print(

@@ -18,49 +18,40 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import tempfile
 import time
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-import yaml
+from _results import csv_appender
 
-from lightning_fl import FedAvg, FederatedDataModule, FederatedLoop, ImageClassifier
-from lightning_fl.server import Aggregator, FedBoosting
+from lightning_fl.bench import fit_config_spec, scratch_loop
 
 FIELDS = ("method", "alpha", "seed", "round", "test_accuracy", "cpu_s", "weights", "train_scores", "val_scores")
 """``weights``, ``train_scores`` and ``val_scores``: FedBoosting's per-client weights and the scores they came from
 (training loss or accuracy; mean cross-validation loss or accuracy), client ids in order, ``;``-separated."""
 
 
-def methods(weightings: list[str]) -> dict[str, Callable[[], Aggregator]]:
-    """Method name -> aggregator factory: the two FedAvg baselines, then one FedBoosting per weighting."""
-    out: dict[str, Callable[[], Aggregator]] = {
-        "FedAvg": FedAvg,
-        "FedAvg uniform": lambda: FedAvg(weighted=False),
+def methods(weightings: list[str]) -> dict[str, dict[str, Any]]:
+    """Method name -> its aggregator (``class_path``/``init_args``): the two FedAvg baselines, then one FedBoosting
+    per weighting."""
+    out: dict[str, dict[str, Any]] = {
+        "FedAvg": {"class_path": "lightning_fl.server.FedAvg"},
+        "FedAvg uniform": {"class_path": "lightning_fl.server.FedAvg", "init_args": {"weighted": False}},
     }
     for name in weightings:
-        out[f"FedBoosting {name}"] = lambda name=name: FedBoosting(weighting=name)
+        out[f"FedBoosting {name}"] = {"class_path": "lightning_fl.server.FedBoosting", "init_args": {"weighting": name}}
     return out
 
 
-def run(config: dict[str, Any], aggregator: Aggregator, *, alpha: float, seed: int) -> tuple[list[dict], float]:
-    """One federated run of ``config`` with ``aggregator``; per-round accuracies and the CPU seconds it took."""
-    data = {**config["data"], "alpha": alpha, "seed": seed}
-    dm = FederatedDataModule(data.pop("dataset"), **data)
-    torch.manual_seed(seed)
-    model = ImageClassifier(**{**config["model"]["init_args"], **dm.model_options})
-    loop_cfg = config["loop"]
-    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loop = FederatedLoop(
-            model, dm, num_rounds=loop_cfg["num_rounds"], clients_per_round=loop_cfg["clients_per_round"],
-            local_epochs=loop_cfg["local_epochs"], aggregator=aggregator, output_dir=out, progress_bar=False,
-            checkpoint=False, seed=seed,
-        )  # fmt: skip
+def run(fit: dict[str, Any], aggregator: dict[str, Any], *, alpha: float, seed: int) -> tuple[list[dict], float]:
+    """One federated run of the fit config with ``aggregator``; per-round accuracies and the CPU seconds it took."""
+    spec = {
+        **fit,
+        "seed": seed,
+        "data": {**fit["data"], "alpha": alpha},
+        "loop": {**fit["loop"], "aggregator": aggregator},
+    }
+    with scratch_loop(spec) as loop:
         start = time.process_time()
         history = loop.fit()["history"]
         cpu = time.process_time() - start
@@ -118,20 +109,15 @@ def main() -> None:
         plot(csv_path, png_path)
         print(table(csv_path))
         return
-    config = yaml.safe_load(args.config.read_text())
-    new_file = not csv_path.exists()
-    with csv_path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
+    fit = fit_config_spec(args.config)
+    with csv_appender(csv_path, FIELDS) as append:
         for alpha in args.alphas:
             for seed in args.seeds:
-                for name, factory in methods(args.weightings).items():
+                for name, aggregator in methods(args.weightings).items():
                     if args.only is not None and name not in args.only:
                         continue
-                    rows, cpu = run(config, factory(), alpha=alpha, seed=seed)
-                    writer.writerows({"method": name, "alpha": alpha, "seed": seed, "cpu_s": cpu, **r} for r in rows)
-                    f.flush()
+                    rows, cpu = run(fit, aggregator, alpha=alpha, seed=seed)
+                    append({"method": name, "alpha": alpha, "seed": seed, "cpu_s": cpu, **r} for r in rows)
                     print(f"alpha={alpha} seed={seed} {name}: {rows[-1]['test_accuracy']:.3f} ({cpu:.0f} CPU s)")
     plot(csv_path, png_path)
     print(table(csv_path))

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
-from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl import scratch_loop
 from lightning_fl.defences.secure_aggregation.paillier import (
     PackingSpec,
     decrypt_tensors,
@@ -42,13 +40,18 @@ T = TypeVar("T")
 
 def client_updates(num_clients: int) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
     """Real LeNet updates of ``num_clients`` digits clients (3 local epochs each) and their sample counts."""
-    dm = FederatedDataModule("digits", num_clients=num_clients, partition="dirichlet", alpha=0.5)
-    torch.manual_seed(0)
-    model = ImageClassifier("lenet_dlg", **dm.model_options, lr=2e-3)
-    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loop = FederatedLoop(model, dm, local_epochs=3, output_dir=out, progress_bar=False, checkpoint=False)
-        updates = [loop.fit_client(k) for k in range(num_clients)]
+    spec = {
+        "seed": 0,
+        "data": {"dataset": "digits", "num_clients": num_clients, "partition": "dirichlet", "alpha": 0.5},
+        "model": {
+            "class_path": "lightning_fl.models.ImageClassifier",
+            "init_args": {"backbone": "lenet_dlg", "lr": 2e-3},
+        },
+        "loop": {"local_epochs": 3},
+    }
+    with scratch_loop(spec) as loop:
+        loop.prepare()
+        updates = loop.client_step.run(loop.round_context(), list(range(num_clients))).updates
     return [u.delta for u in updates], [u.num_samples for u in updates]
 
 

@@ -144,14 +144,14 @@ def table2_cell(
         model.load_state_dict(base)
         if placement == "once":
             alpha = alpha_fraction * float(state_norm(epoch_delta, p=1.0))
-            noisy = _noisy(epoch_delta, scores, epsilon, alpha, allocation, clipping, generator)
+            noisy = noisy_upload(epoch_delta, scores, epsilon, alpha, allocation, clipping, generator)
             model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in base.items()})
         else:
             alpha = alpha_fraction * sum(step_norms) / len(step_norms)
 
             def hook(before: dict[str, Tensor]) -> None:
                 step = {k: v for k, v in _delta(model, before).items() if k in params}
-                noisy = _noisy(step, scores, epsilon, alpha, allocation, clipping, generator)
+                noisy = noisy_upload(step, scores, epsilon, alpha, allocation, clipping, generator)
                 model.load_state_dict({k: v + noisy[k] if k in noisy else v for k, v in before.items()})
 
             _epoch(model, train, seed=999, batch_size=32, step_hook=hook)
@@ -162,7 +162,7 @@ def table2_cell(
     return result
 
 
-def _noisy(
+def noisy_upload(
     delta: dict[str, Tensor],
     scores: dict[str, float],
     epsilon: float,
@@ -170,6 +170,8 @@ def _noisy(
     allocation: str,
     clipping: str,
     generator: torch.Generator,
+    *,
+    eta: float = ETA,
 ) -> dict[str, Tensor]:
     """DPFL's upload (Alg. 2): L1 clip to alpha, Laplace noise of scale 2*eta*alpha / epsilon_i per layer."""
     return dpfl_noisy_update(
@@ -177,7 +179,7 @@ def _noisy(
         scores=scores,
         epsilon=epsilon,
         clip_bound=alpha,
-        sensitivity=2 * ETA * alpha,
+        sensitivity=2 * eta * alpha,
         allocation=allocation,
         clipping=clipping,
         generator=generator,

@@ -15,14 +15,13 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import lightning as L
-
-from lightning_fl import FederatedLoop
+from lightning_fl import FederatedLoop, build_loop, fit_config_spec
 from lightning_fl.callbacks import FederatedCallback
-from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import SecAggMasking
 from lightning_fl.models import ImageClassifier
 from lightning_fl.private import public_state
+
+QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
 
 
 class Dropout(FederatedCallback):
@@ -54,26 +53,11 @@ def fit(
     defences: list, rounds: int, drop_round: int, output: Path, *, image_size: int = 32, local_steps: int | None = None
 ) -> FederatedLoop:
     """The quickstart's federation (``local_steps`` instead of 3 local epochs when given), trained for ``rounds``."""
-    L.seed_everything(0, verbose=False)
-    dm = FederatedDataModule(
-        "digits", num_clients=10, partition="dirichlet", alpha=0.5, batch_size=32, image_size=image_size
-    )
-    model = FlakyClassifier(**dm.model_options, backbone="lenet_dlg", optimizer="adam", lr=0.002)
-    loop = FederatedLoop(
-        model,
-        dm,
-        num_rounds=rounds,
-        clients_per_round=5,
-        local_epochs=3,
-        local_steps=local_steps,
-        defences=defences,
-        callbacks=[Dropout(drop_round)],
-        eval_every=rounds,
-        checkpoint=False,
-        progress_bar=False,
-        output_dir=output,
-        seed=0,
-    )
+    spec = fit_config_spec(QUICKSTART, defences=defences)
+    spec["data"] = {**spec["data"], "image_size": image_size}
+    spec["model"] = {**spec["model"], "class_path": f"{__name__}.FlakyClassifier"}
+    spec["loop"] = {**spec["loop"], "num_rounds": rounds, "local_steps": local_steps, "eval_every": rounds}
+    loop = build_loop(spec, output, callbacks=[Dropout(drop_round)])
     loop.fit()
     return loop
 

@@ -11,7 +11,7 @@ _exit_outside_the_run()  # the command's exit codes hold from its first line
 
 from lightning_fl.attacks import *  # noqa: F403
 from lightning_fl.attacks import __all__ as _attacks
-from lightning_fl.bench import build_loop, fit_config_spec, run_bench
+from lightning_fl.bench import build_loop, fit_config_spec, run_bench, scratch_loop
 from lightning_fl.callbacks import *  # noqa: F403
 from lightning_fl.callbacks import __all__ as _callbacks
 from lightning_fl.contexts import (
@@ -73,6 +73,7 @@ __all__ = [
     "fit_config_spec",
     "run_bench",
     "save_global_model",
+    "scratch_loop",
     *_attacks,
     *_callbacks,
     *_datamodules,

@@ -1,6 +1,6 @@
 """Benchmark grid: every attack against every defence on the same federated loop (``lightning-fl bench``)."""
 
-from lightning_fl.bench.experiment import build_loop, fit_config_spec, fit_spec
+from lightning_fl.bench.experiment import build_loop, fit_config_spec, fit_spec, scratch_loop
 from lightning_fl.bench.grid import Cell, Utility, cells, load_settings, utilities
 from lightning_fl.bench.runner import run_bench
 
@@ -13,5 +13,6 @@ __all__ = [
     "fit_spec",
     "load_settings",
     "run_bench",
+    "scratch_loop",
     "utilities",
 ]

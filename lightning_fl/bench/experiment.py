@@ -9,6 +9,7 @@ loop), so a run built here trains exactly as ``lightning-fl fit`` with the same 
 from __future__ import annotations
 
 import inspect
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation import FederatedLoop
 
-__all__ = ["build_loop", "fit_config_spec", "fit_spec", "recorded_warnings"]
+__all__ = ["build_loop", "fit_config_spec", "fit_spec", "recorded_warnings", "scratch_loop"]
 
 _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
 """The data options the command links into a model's ``init_args`` (when the model accepts them)."""
@@ -120,6 +121,17 @@ def recorded_warnings(path: Path) -> Iterator[None]:
         finally:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(f"{w.message}\n" for w in caught))
+
+
+@contextmanager
+def scratch_loop(spec: Mapping[str, Any], *, callbacks: Sequence[FederatedCallback] = ()) -> Iterator[FederatedLoop]:
+    """The run of ``spec`` (:func:`build_loop`) in a temporary directory, removed when the block ends.
+
+    For a measurement that reads the loop in memory (``fit()``'s summary, the global model): its warnings go to
+    the directory's ``warnings.txt`` and are shown nowhere else.
+    """
+    with tempfile.TemporaryDirectory() as output_dir, recorded_warnings(Path(output_dir) / "warnings.txt"):
+        yield build_loop(spec, output_dir, callbacks=callbacks)
 
 
 def fit_spec(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:

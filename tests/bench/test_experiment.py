@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
 
 import pytest
 import yaml
 
-from lightning_fl.bench import fit_config_spec, fit_spec
+from lightning_fl.bench import fit_config_spec, fit_spec, scratch_loop
 from lightning_fl.cli import main
 
 FIT = {
@@ -41,3 +43,18 @@ def test_overrides_replace_a_key_and_unknown_keys_are_named(tmp_path) -> None:
     assert spec["seed"] == 7 and spec["loop"] == {"num_rounds": 1} and "output_dir" not in spec
     with pytest.raises(ValueError, match="no such fit config"):
         fit_config_spec(tmp_path / "missing.yaml")
+
+
+def test_a_scratch_loop_trains_as_fit_spec_and_leaves_no_directory_nor_warning(tmp_path) -> None:
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump(FIT))
+    spec = fit_config_spec(config)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with scratch_loop(spec) as loop:
+            history = loop.fit()["history"]
+            warnings.warn("a warning of the run", UserWarning, stacklevel=1)
+            recorded = Path(loop.output_dir) / "warnings.txt"
+    assert not recorded.parent.exists()
+    assert not [w for w in shown if "a warning of the run" in str(w.message)]
+    assert history == fit_spec(spec, tmp_path / "spec")["history"]
