@@ -56,7 +56,6 @@ def run_lightning(
     rounds: int, out: str, inner_fit: str = "auto", *, vectorize: bool = False
 ) -> tuple[tuple[float, float], float, dict[str, float]]:
     loop = build_loop(spec(rounds, vectorize=vectorize), out)
-    loop.datamodule.setup()  # the data's loading and split stay outside the timed fit, as for the plain loop
     loop.runner.inner_fit = inner_fit
     loop.evaluator.lean = inner_fit != "trainer"
     print(f"inner fit: {loop.runner.inner_fit_for()}")
