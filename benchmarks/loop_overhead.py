@@ -1,7 +1,9 @@
 """FederatedLoop against a minimal hand-written PyTorch FedAvg loop doing the same work, in one run.
 
 Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected clients, Adam lr 2e-3,
-3 local epochs, batch 32, global test evaluation every round. Prints the CPU time of each (this process,
+3 local epochs, batch 32, global test evaluation every round: ``configs/quickstart.yaml`` with ``--rounds``, the
+FederatedLoop built from it by ``lightning_fl.bench.build_loop`` (as ``lightning-fl fit`` builds it) outside the timed
+region; runs write to a fresh temporary folder. Prints the CPU time of each (this process,
 one thread: robust to other load on the machine), the wall time, the ratios, and where the extra time of the
 Lightning loop goes (Trainer construction, fit, evaluation, writing and plotting at the end) and which inner fit
 the clients ran (plain clients: Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, the loop
