@@ -35,7 +35,8 @@ from lightning_fl.messages import ServerView
 from lightning_fl.models import ImageClassifier
 
 
-def _problem(image_size: int) -> tuple[ServerView, torch.Tensor, torch.Tensor]:
+def one_digit(image_size: int = 32) -> tuple[ServerView, torch.Tensor, torch.Tensor]:
+    """The attack configs' problem: client 0's first digit behind the untrained LeNet's gradient (seed 0)."""
     dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=image_size)
     torch.manual_seed(0)
     model = ImageClassifier("lenet_dlg", **dm.model_options)
@@ -175,7 +176,7 @@ def bench(
     max_iterations: int,
     check_every: int,
 ) -> dict[str, float | int | None]:
-    view, images, labels = _problem(image_size)
+    view, images, labels = one_digit(image_size)
     shape = tuple(images.shape[1:])
     reference = Reference(view, make(restarts=1, max_iterations=max_iterations), labels)
     row: dict[str, float | int | None] = {"attack": name, "image_size": image_size, "restarts": restarts}
@@ -196,7 +197,7 @@ def bench(
 
 def restart_sweep(image_size: int, counts: list[int]) -> None:
     """Print our per-restart iteration time relative to the reference's evaluation, for several restart counts."""
-    view, _, labels = _problem(image_size)
+    view, _, labels = one_digit(image_size)
     for name, make in MAKERS.items():
         ref = Reference(view, make(restarts=1, max_iterations=10), labels).eval_time(40)
         ratios = {

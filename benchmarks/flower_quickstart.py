@@ -125,7 +125,7 @@ def build_quickstart() -> FederatedLoop:
     """The ``FederatedLoop`` that ``lightning-fl fit -c configs/quickstart.yaml`` builds (writing to a temp dir)."""
     spec = fit_config_spec(QUICKSTART)
     spec["loop"] = {**spec["loop"], "num_rounds": rounds()}
-    return build_loop(spec, tempfile.mkdtemp(prefix="flower-quickstart-"))
+    return build_loop(spec, tempfile.mkdtemp(prefix="flower-quickstart-"), checkpoint=True)  # as the command does
 
 
 def run(impl: str) -> list[float]:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from attack_speed import one_digit
 
 from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
@@ -66,15 +67,6 @@ def fedavg(device: torch.device, *, num_rounds: int) -> dict[str, object]:
         _sync(device)
         seconds = time.perf_counter() - start
     return {"rounds": num_rounds, "seconds": seconds, "test_accuracy": summary["test_accuracy"]}
-
-
-def attacked_view(device: torch.device) -> tuple[ServerView, torch.Tensor]:
-    """The attack configs' problem: one 32x32 digit of client 0 behind the untrained LeNet's gradient."""
-    dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=32)
-    torch.manual_seed(0)
-    images, labels = dm.sample_batch(0, 1, seed=0)
-    view = client_view(ImageClassifier("lenet_dlg", **dm.model_options), images, labels, num_classes=dm.num_classes)
-    return view_on(view, device), images
 
 
 def evaluation_ms(attack: GradientMatchingAttack, view: ServerView, *, repeats: int) -> float:
@@ -135,7 +127,8 @@ def attacks(device: torch.device, *, quick: bool) -> list[dict[str, object]]:
     ]
     rows = []
     for name, restarts, make in makers:
-        view, truth = attacked_view(device)
+        view, truth, _ = one_digit()
+        view = view_on(view, device)
         row: dict[str, object] = {"attack": name, "restarts": restarts}
         row["ms_per_evaluation"] = evaluation_ms(make(restarts=restarts, progress_bar=False), view, repeats=20)
         row |= attack_run(make(restarts=restarts, progress_bar=False, seed=0), view, truth)
