@@ -88,3 +88,11 @@ def test_every_benchmark_script_is_quoted_by_a_doc(path: str) -> None:
 def test_brace_shorthand_expands() -> None:
     assert _expand("robbing_the_fed_{digits,photos}") == ["robbing_the_fed_digits", "robbing_the_fed_photos"]
     assert _expand("{dlg,idlg,ig}_lenet_digits") == ["dlg_lenet_digits", "idlg_lenet_digits", "ig_lenet_digits"]
+
+
+def test_make_reproduce_runs_every_reproduce_target_but_the_ones_needing_outside_hardware_or_code() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^REPRODUCE := (.*?)\n(?!\t)", makefile, flags=re.M | re.S).group(1).replace("\\", " ").split()
+    defined = re.findall(r"^(reproduce-[a-z0-9-]+):", makefile, flags=re.M)
+    assert sorted(set(defined) - set(listed)) == ["reproduce-breaching", "reproduce-gpu"]
+    assert set(listed) <= set(defined), f"REPRODUCE names targets with no rule: {sorted(set(listed) - set(defined))}"
