@@ -159,7 +159,8 @@ reproduce-algorithms:
 	      --loop.aggregator "{class_path: lightning_fl.$$a, init_args: {eta: 0.01, tau: 0.001}}" \
 	      --loop.client_callbacks '[]' || exit 1; done && \
 	  $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_FedProx \
-	    --loop.aggregator lightning_fl.FedAvg; } $(LOG)
+	    --loop.aggregator lightning_fl.FedAvg && \
+	  $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_config; } $(LOG)
 
 # docs/secure_aggregation.md and docs/architecture.md: HE FedBoosting, Paillier and SecAgg costs, dropouts, faults.
 reproduce-secure-aggregation:
