@@ -3,11 +3,14 @@
 #   make test         lint + the fast test suite (what CI runs)
 #   make bench-quick  every attack x every defence x threat model, quick preset (docs/bench.md)
 #   make bench        the full preset of the same grid (about 30 CPU-minutes; resumable)
-#   make reproduce    every table of docs/reproduction.md, one command after another (several hours on 2 cores);
-#                     each command's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
-#                     which table" there); the reproduce-* targets run one section each
-#   make reproduce-gpu  the GPU rows (Inverting Gradients on ResNet-18, GRNN batches); needs a CUDA GPU, not
-#                     part of `make reproduce`
+#   make reproduce    the command of every table quoted in docs/, one after another (many hours on 2 cores);
+#                     each target's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
+#                     which table" in docs/reproduction.md); the reproduce-* targets run one section each
+#   make reproduce-gpu  the GPU rows (Inverting Gradients on ResNet-18, GRNN batches, the GPU checks); needs a CUDA
+#                     GPU, not part of `make reproduce`
+#   make reproduce-breaching BREACHING_PATH=DIR:DEPS  the parity rows against breaching 0.1.2, installed outside the
+#                     project (see benchmarks/breaching_parity.py); not part of `make reproduce`
+# tests/test_reproduce_list.py checks that every script and config a doc quotes is run by a reproduce-* target.
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +18,7 @@ export WANDB_MODE ?= offline
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c   # a command piped into tee still fails the target when it fails
 
-.PHONY: quickstart test lint format clean bench bench-quick reproduce reproduce-gpu $(REPRODUCE)
+.PHONY: quickstart test lint format clean bench bench-quick reproduce reproduce-gpu reproduce-breaching
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,17 +39,20 @@ bench-quick: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2
 
-# docs/reproduction.md, "Which command regenerates which table": one target per row, run in this order.
-REPRODUCE := reproduce-bench reproduce-foundation reproduce-attacks reproduce-grnn reproduce-model-defences \
-	reproduce-model-defences-loop reproduce-dp reproduce-pogz reproduce-fedboosting
+# docs/reproduction.md, "Which command regenerates which table": one target per section, run in this order.
+REPRODUCE := reproduce-bench reproduce-foundation reproduce-attacks reproduce-attacks-2026 reproduce-grnn \
+	reproduce-model-defences reproduce-model-defences-loop reproduce-dp reproduce-pogz reproduce-fedboosting \
+	reproduce-algorithms reproduce-secure-aggregation reproduce-performance
+.PHONY: $(REPRODUCE)
 OUT := runs/reproduce
 RUN = OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)
 LOG = 2>&1 | tee $(OUT)/$@.txt
+BREACHING_PATH ?=
 
 reproduce: $(REPRODUCE)
 	@echo "make reproduce: every table's output is in $(OUT)/"
 
-$(REPRODUCE): $(VENV)/.installed | $(OUT)
+$(REPRODUCE) reproduce-gpu reproduce-breaching: $(VENV)/.installed | $(OUT)
 
 $(OUT):
 	mkdir -p $@
@@ -57,22 +63,55 @@ reproduce-bench:
 	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2; } $(LOG)
 
 reproduce-foundation:
-	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml && \
+	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml --output_dir $(OUT)/quickstart && \
 	  $(RUN) $(BIN)/pytest -p no:cacheprovider -q tests/federation/test_loop.py -k quickstart; } $(LOG)
 
+# docs/attacks.md and docs/reproduction.md: DLG, iDLG, Inverting Gradients, GRNN-free rows of the thesis.
 reproduce-attacks:
-	{ for attack in dlg idlg ig; do \
-	    $(RUN) $(BIN)/lightning-fl attack --config configs/$${attack}_lenet_digits.yaml \
-	      --output_dir $(OUT)/$${attack}_lenet_digits || exit 1; done && \
+	{ $(RUN) $(BIN)/lightning-fl attack --config configs/dlg_lenet_digits.yaml --output_dir $(OUT)/dlg_lenet_digits && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/idlg_lenet_digits.yaml --output_dir $(OUT)/idlg_lenet_digits && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/ig_lenet_digits.yaml --output_dir $(OUT)/ig_lenet_digits && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/dlg_lenet_digits.yaml --run.batch_size 8 \
+	    --output_dir $(OUT)/dlg_lenet_digits_b8 && \
+	  $(RUN) $(BIN)/lightning-fl fit --config configs/dlg_lenet_digits_fedsgd.yaml --output_dir $(OUT)/dlg_fedsgd && \
 	  $(RUN) $(BIN)/python benchmarks/dlg_thesis_tables.py && \
 	  $(RUN) $(BIN)/python benchmarks/attack_parity.py && \
-	  $(RUN) $(BIN)/python benchmarks/batch_recovery.py --attack dlg --data digits --batch-size 4; } $(LOG)
+	  $(RUN) $(BIN)/python benchmarks/batch_recovery.py --attack dlg --data digits --batch-size 4 && \
+	  $(RUN) $(BIN)/python benchmarks/attack_user_model.py && \
+	  $(RUN) $(BIN)/python benchmarks/attack_user_model.py --before && \
+	  $(RUN) $(BIN)/python benchmarks/attack_bisect.py; } $(LOG)
+
+# docs/attacks.md, issue 21: label counts, the analytic attack, Robbing the Fed, See-Through-Gradients.
+reproduce-attacks-2026:
+	{ $(RUN) $(BIN)/python benchmarks/label_recovery.py && \
+	  $(RUN) $(BIN)/python benchmarks/label_recovery.py --local-steps 2 && \
+	  $(RUN) $(BIN)/python benchmarks/analytic_attack.py && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/analytic_mlp_digits.yaml --output_dir $(OUT)/analytic && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/robbing_the_fed_digits.yaml --output_dir $(OUT)/rtf_digits && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/robbing_the_fed_photos.yaml --output_dir $(OUT)/rtf_photos && \
+	  $(RUN) $(BIN)/python benchmarks/robbing_the_fed.py --part batch && \
+	  $(RUN) $(BIN)/python benchmarks/robbing_the_fed.py --part defences && \
+	  $(RUN) $(BIN)/python benchmarks/see_through_gradients.py && \
+	  $(RUN) $(BIN)/lightning-fl fit --config configs/see_through_gradients_resnet_digits.yaml \
+	    --output_dir $(OUT)/stg_resnet_digits; } $(LOG)
 
 reproduce-gpu: $(VENV)/.installed | $(OUT)
-	$(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu $(LOG)
+	{ $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu && \
+	  $(RUN) $(BIN)/python benchmarks/gpu_check.py --device cuda --out $(OUT)/gpu_check && \
+	  $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_vectorise.sh $(OUT)/gpu_vectorise && \
+	  $(RUN) $(BIN)/python benchmarks/dp_user_model.py --device cuda; } $(LOG)
+
+reproduce-breaching:
+	@test -n "$(BREACHING_PATH)" || { echo "give BREACHING_PATH=DIR:DEPS (breaching 0.1.2 and hydra-core)"; exit 2; }
+	{ PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part labels && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part analytic && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/robbing_the_fed_parity.py; } $(LOG)
 
 reproduce-grnn:
-	$(RUN) $(BIN)/python benchmarks/grnn_tables.py $(LOG)
+	{ $(RUN) $(BIN)/python benchmarks/grnn_tables.py && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/grnn_lenet_lfw.yaml --output_dir $(OUT)/grnn_lfw && \
+	  $(RUN) $(BIN)/lightning-fl attack --config configs/model_inversion_fdlpp_digits.yaml --output_dir $(OUT)/mi_fdlpp; \
+	} $(LOG)
 
 reproduce-model-defences:
 	$(RUN) $(BIN)/python benchmarks/defence_tables.py --images 4 $(LOG)
@@ -82,9 +121,23 @@ reproduce-model-defences-loop:
 	  $(RUN) $(BIN)/lightning-fl fit --config configs/fdl_pp_digits.yaml --output_dir $(OUT)/fdl_pp_digits && \
 	  $(RUN) $(BIN)/python benchmarks/fdl_pp_rounds.py; } $(LOG)
 
+# docs/privacy.md: the DP tables, DP-FedAvg's clipping over 3 seeds, Fed-SDP stopped and resumed, DP on a user's model.
 reproduce-dp:
 	{ $(RUN) $(BIN)/python benchmarks/dp_tables.py --out $(OUT)/dp_tables.json && \
-	  $(RUN) $(BIN)/python benchmarks/fed_dp_clients_per_round.py; } $(LOG)
+	  $(RUN) $(BIN)/python benchmarks/fed_dp_clients_per_round.py && \
+	  for seed in 0 1 2; do \
+	    $(RUN) $(BIN)/lightning-fl fit --config configs/dp_fedavg_adaptive_digits.yaml --seed_everything $$seed \
+	      --output_dir $(OUT)/dpfa_adaptive_$$seed && \
+	    $(RUN) $(BIN)/lightning-fl fit --config configs/dp_fedavg_adaptive_digits.yaml --seed_everything $$seed \
+	      --output_dir $(OUT)/dpfa_fixed0.1_$$seed --defences.init_args.clip_learning_rate 0 && \
+	    $(RUN) $(BIN)/lightning-fl fit --config configs/dp_fedavg_adaptive_digits.yaml --seed_everything $$seed \
+	      --output_dir $(OUT)/dpfa_fixed1.0_$$seed --defences.init_args.clip_learning_rate 0 \
+	      --defences.init_args.initial_clip 1.0 || exit 1; done && \
+	  $(RUN) $(BIN)/lightning-fl fit -c configs/fed_sdp_digits.yaml --output_dir $(OUT)/sdp --overwrite true \
+	    --loop.num_rounds 3 --loop.client_transforms.init_args.noise_multiplier 6.0 && \
+	  $(RUN) $(BIN)/lightning-fl fit -c configs/fed_sdp_digits.yaml --output_dir $(OUT)/sdp --loop.num_rounds 4 \
+	    --loop.client_transforms.init_args.noise_multiplier 0.1 --resume true && \
+	  $(RUN) $(BIN)/python benchmarks/dp_user_model.py; } $(LOG)
 
 reproduce-pogz:
 	{ $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --allocations pogz even inverse && \
@@ -95,6 +148,43 @@ reproduce-pogz:
 reproduce-fedboosting:
 	{ $(RUN) $(BIN)/python benchmarks/fedboosting_tables.py && \
 	  $(RUN) $(BIN)/python benchmarks/fedboosting_vs_fedavg.py --seeds 0 1 2 --alphas 0.3 1.0; } $(LOG)
+
+# docs/algorithms.md, "Measured: the quickstart under each algorithm" (eta 0.01, tau 1e-3 for the adaptive ones).
+reproduce-algorithms:
+	{ for a in FedAvg FedAvgM; do \
+	    $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_$$a \
+	      --loop.aggregator "{class_path: lightning_fl.$$a}" --loop.client_callbacks '[]' || exit 1; done && \
+	  for a in FedAdam FedYogi FedAdagrad; do \
+	    $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_$$a \
+	      --loop.aggregator "{class_path: lightning_fl.$$a, init_args: {eta: 0.01, tau: 0.001}}" \
+	      --loop.client_callbacks '[]' || exit 1; done && \
+	  $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_FedProx \
+	    --loop.aggregator lightning_fl.FedAvg && \
+	  $(RUN) $(BIN)/lightning-fl fit --config configs/fedopt_digits.yaml --output_dir $(OUT)/fedopt_config; } $(LOG)
+
+# docs/secure_aggregation.md and docs/architecture.md: HE FedBoosting, Paillier and SecAgg costs, dropouts, faults.
+reproduce-secure-aggregation:
+	{ $(RUN) $(BIN)/lightning-fl fit --config configs/fedboosting_he_digits.yaml --output_dir $(OUT)/fedboosting_he && \
+	  $(RUN) $(BIN)/python benchmarks/paillier.py --key-size 2048 --sample 1000 && \
+	  $(RUN) $(BIN)/python benchmarks/secagg_cost.py --rounds 3 --paillier-rounds 1 && \
+	  $(RUN) $(BIN)/python benchmarks/secagg_dropout.py && \
+	  $(RUN) $(BIN)/python benchmarks/faulty_updates.py; } $(LOG)
+
+# docs/performance.md: timings (they depend on the machine and its load; the doc gives both for each table).
+reproduce-performance:
+	{ $(RUN) $(BIN)/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 --clients 20 && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py ddp --rounds 10 && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py flower --rounds 25 && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py vectorise --clients 10 --per-round 5 --rounds 25 \
+	    --backbone lenet_dlg --seeds 0 1 2 && \
+	  $(RUN) $(BIN)/python benchmarks/scaling.py vectorise --clients 100 --per-round 20 --rounds 25 \
+	    --backbone lenet_dlg --seeds 0 1 && \
+	  $(RUN) $(BIN)/python benchmarks/attack_speed.py && \
+	  $(RUN) $(BIN)/python benchmarks/attack_speed.py --sweep 1 4 8 16 && \
+	  $(RUN) $(BIN)/python benchmarks/dp_overhead.py --samples 500 --batch-size 5 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/dp_overhead.py --samples 500 --batch-size 32 --repeats 3; } $(LOG)
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check lightning_fl tests benchmarks

@@ -35,12 +35,26 @@ from lightning_fl.messages import ServerView
 from lightning_fl.models import ImageClassifier
 
 
-def _problem(image_size: int) -> tuple[ServerView, torch.Tensor, torch.Tensor]:
+def one_digit(image_size: int = 32) -> tuple[ServerView, torch.Tensor, torch.Tensor]:
+    """The attack configs' problem: client 0's first digit behind the untrained LeNet's gradient (seed 0)."""
     dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=image_size)
     torch.manual_seed(0)
     model = ImageClassifier("lenet_dlg", **dm.model_options)
     images, labels = dm.sample_batch(0, 1, seed=0)
     return client_view(model, images, labels, num_classes=10), images, labels
+
+
+MAKERS = {
+    "dlg": lambda **kw: DLGAttack(progress_bar=False, **kw),
+    "inverting_gradients": lambda **kw: InvertingGradientsAttack(progress_bar=False, **kw),
+}
+"""Each attack timed, built with the given settings (no progress bar)."""
+
+BUDGETS = {
+    "dlg": {"target": 30.0, "max_iterations": 2000},
+    "inverting_gradients": {"target": 15.0, "max_iterations": 1000},
+}
+"""Per attack: the PSNR target its selected restart must reach and the most iterations it may take."""
 
 
 def _soft_ce(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -162,7 +176,7 @@ def bench(
     max_iterations: int,
     check_every: int,
 ) -> dict[str, float | int | None]:
-    view, images, labels = _problem(image_size)
+    view, images, labels = one_digit(image_size)
     shape = tuple(images.shape[1:])
     reference = Reference(view, make(restarts=1, max_iterations=max_iterations), labels)
     row: dict[str, float | int | None] = {"attack": name, "image_size": image_size, "restarts": restarts}
@@ -183,12 +197,8 @@ def bench(
 
 def restart_sweep(image_size: int, counts: list[int]) -> None:
     """Print our per-restart iteration time relative to the reference's evaluation, for several restart counts."""
-    view, _, labels = _problem(image_size)
-    makers = {
-        "dlg": lambda **kw: DLGAttack(progress_bar=False, **kw),
-        "inverting_gradients": lambda **kw: InvertingGradientsAttack(progress_bar=False, **kw),
-    }
-    for name, make in makers.items():
+    view, _, labels = one_digit(image_size)
+    for name, make in MAKERS.items():
         ref = Reference(view, make(restarts=1, max_iterations=10), labels).eval_time(40)
         ratios = {
             r: round(_ours_eval_time(make(restarts=r, max_iterations=10**6), view, 40) / r / ref, 2) for r in counts
@@ -208,24 +218,8 @@ def main() -> None:
         restart_sweep(args.image_size, args.sweep)
         return
     rows = [
-        bench(
-            "dlg",
-            lambda **kw: DLGAttack(progress_bar=False, **kw),
-            image_size=args.image_size,
-            restarts=args.restarts,
-            target=30.0,
-            max_iterations=2000,
-            check_every=50,
-        ),
-        bench(
-            "inverting_gradients",
-            lambda **kw: InvertingGradientsAttack(progress_bar=False, **kw),
-            image_size=args.image_size,
-            restarts=args.restarts,
-            target=15.0,
-            max_iterations=1000,
-            check_every=50,
-        ),
+        bench(name, MAKERS[name], image_size=args.image_size, restarts=args.restarts, check_every=50, **budget)
+        for name, budget in BUDGETS.items()
     ]
     for row in rows:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))

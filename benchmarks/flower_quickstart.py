@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -30,18 +32,19 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from lightning_fl import FederatedDataModule, FederatedLoop, FlowerFederation, ImageClassifier, derive_seed
+from lightning_fl.bench import build_loop, fit_config_spec
 from lightning_fl.federation.client_runner import seed_all
 
 ROUNDS_VARIABLE = "LIGHTNING_FL_BENCH_ROUNDS"  # set by scaling.py; the Ray actors inherit it
 ACCURACIES: list[float] = []  # the test accuracy of each round of the bare run
+QUICKSTART = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
 
 
 @functools.cache
 def data() -> FederatedDataModule:
     """The quickstart's partition, loaded once per process."""
-    dm = FederatedDataModule(
-        "digits", num_clients=10, partition="dirichlet", alpha=0.5, batch_size=32, image_size=32, seed=0
-    )
+    spec = fit_config_spec(QUICKSTART)
+    dm = FederatedDataModule(**{"seed": spec["seed"], **spec["data"]})
     dm.setup()
     return dm
 
@@ -53,8 +56,9 @@ def rounds() -> int:
 
 def model() -> ImageClassifier:
     """The quickstart's model, as ``lightning-fl fit`` initialises it (``seed_everything: 0``)."""
-    L.seed_everything(0, verbose=False)
-    return ImageClassifier("lenet_dlg", **data().model_options, optimizer="adam", lr=2e-3)
+    spec = fit_config_spec(QUICKSTART)
+    L.seed_everything(spec["seed"], verbose=False)
+    return ImageClassifier(**data().model_options, **spec["model"]["init_args"])
 
 
 @functools.cache
@@ -119,19 +123,9 @@ def bare_main(grid: Grid, context: Context) -> None:
 
 def build_quickstart() -> FederatedLoop:
     """The ``FederatedLoop`` that ``lightning-fl fit -c configs/quickstart.yaml`` builds (writing to a temp dir)."""
-    import tempfile
-
-    return FederatedLoop(
-        model(),
-        data(),
-        num_rounds=rounds(),
-        clients_per_round=5,
-        local_epochs=3,
-        trainer={"accelerator": "cpu"},
-        output_dir=tempfile.mkdtemp(prefix="flower-quickstart-"),
-        seed=0,
-        progress_bar=False,
-    )
+    spec = fit_config_spec(QUICKSTART)
+    spec["loop"] = {**spec["loop"], "num_rounds": rounds()}
+    return build_loop(spec, tempfile.mkdtemp(prefix="flower-quickstart-"), checkpoint=True)  # as the command does
 
 
 def run(impl: str) -> list[float]:

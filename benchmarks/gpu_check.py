@@ -35,13 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from attack_speed import one_digit
 
 from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
 from lightning_fl.attacks.metrics import psnr
 from lightning_fl.attacks.standalone import client_view, view_on
+from lightning_fl.bench import build_loop, fit_config_spec
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.federation import FederatedLoop
 from lightning_fl.messages import ServerView
 from lightning_fl.models import ImageClassifier
 
@@ -53,47 +54,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _classifier(dm: FederatedDataModule, **options: float | str) -> ImageClassifier:
-    return ImageClassifier(
-        "lenet_dlg",
-        **dm.model_options,
-        **options,
-    )
-
-
 def fedavg(device: torch.device, *, num_rounds: int) -> dict[str, object]:
     """The quickstart FedAvg run on ``device``: wall time and final test accuracy."""
-    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5)
-    torch.manual_seed(0)
-    model = _classifier(dm, lr=2e-3)
+    spec = fit_config_spec("configs/quickstart.yaml")
     accelerator = "gpu" if device.type == "cuda" else "cpu"
+    spec["loop"] = {**spec["loop"], "num_rounds": num_rounds, "trainer": {"accelerator": accelerator, "devices": 1}}
     with tempfile.TemporaryDirectory() as output_dir:
-        loop = FederatedLoop(
-            model,
-            dm,
-            num_rounds=num_rounds,
-            clients_per_round=5,
-            local_epochs=3,
-            trainer={"accelerator": accelerator, "devices": 1},
-            output_dir=output_dir,
-            progress_bar=False,
-            checkpoint=False,
-        )
+        loop = build_loop(spec, output_dir)
         _sync(device)
         start = time.perf_counter()
         summary = loop.fit()
         _sync(device)
         seconds = time.perf_counter() - start
     return {"rounds": num_rounds, "seconds": seconds, "test_accuracy": summary["test_accuracy"]}
-
-
-def attacked_view(device: torch.device) -> tuple[ServerView, torch.Tensor]:
-    """The attack configs' problem: one 32x32 digit of client 0 behind the untrained LeNet's gradient."""
-    dm = FederatedDataModule("digits", num_clients=10, partition="iid", image_size=32)
-    torch.manual_seed(0)
-    images, labels = dm.sample_batch(0, 1, seed=0)
-    view = client_view(_classifier(dm), images, labels, num_classes=dm.num_classes)
-    return view_on(view, device), images
 
 
 def evaluation_ms(attack: GradientMatchingAttack, view: ServerView, *, repeats: int) -> float:
@@ -154,7 +127,8 @@ def attacks(device: torch.device, *, quick: bool) -> list[dict[str, object]]:
     ]
     rows = []
     for name, restarts, make in makers:
-        view, truth = attacked_view(device)
+        view, truth, _ = one_digit()
+        view = view_on(view, device)
         row: dict[str, object] = {"attack": name, "restarts": restarts}
         row["ms_per_evaluation"] = evaluation_ms(make(restarts=restarts, progress_bar=False), view, repeats=20)
         row |= attack_run(make(restarts=restarts, progress_bar=False, seed=0), view, truth)

@@ -1,7 +1,9 @@
 """FederatedLoop against a minimal hand-written PyTorch FedAvg loop doing the same work, in one run.
 
 Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected clients, Adam lr 2e-3,
-3 local epochs, batch 32, global test evaluation every round. Prints the CPU time of each (this process,
+3 local epochs, batch 32, global test evaluation every round: ``configs/quickstart.yaml`` with ``--rounds``, the
+FederatedLoop built from it by ``lightning_fl.bench.build_loop`` (as ``lightning-fl fit`` builds it) outside the timed
+region; runs write to a fresh temporary folder. Prints the CPU time of each (this process,
 one thread: robust to other load on the machine), the wall time, the ratios, and where the extra time of the
 Lightning loop goes (Trainer construction, fit, evaluation, writing and plotting at the end) and which inner fit
 the clients ran (plain clients: Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, the loop
@@ -18,12 +20,14 @@ import argparse
 import copy
 import os
 import statistics
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
-from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl import FederatedDataModule, ImageClassifier
+from lightning_fl.bench import build_loop, fit_config_spec
 from lightning_fl.federation import client_runner, derive_seed
 from lightning_fl.federation.client_runner import seed_all as _seed_all
 
@@ -31,26 +35,29 @@ BACKBONE = "lenet_dlg"
 DEVICE = "cpu"
 
 
+def spec(rounds: int, *, vectorize: bool = False) -> dict:
+    """The quickstart's federation (``configs/quickstart.yaml``) with this run's rounds, backbone and device."""
+    quickstart = fit_config_spec("configs/quickstart.yaml")
+    model = {**quickstart["model"], "init_args": {**quickstart["model"]["init_args"], "backbone": BACKBONE}}
+    loop = {
+        **quickstart["loop"],
+        "num_rounds": rounds,
+        "vectorize": vectorize,
+        "trainer": {"accelerator": "gpu" if DEVICE == "cuda" else "cpu"},
+    }
+    return {**quickstart, "model": model, "loop": loop}
+
+
 def build(dm: FederatedDataModule) -> ImageClassifier:
+    """The hand-written loop's model: the quickstart's, initialised from seed 0 as the built loop's is."""
     torch.manual_seed(0)
     return ImageClassifier(BACKBONE, **dm.model_options, lr=2e-3)
 
 
 def run_lightning(
-    dm: FederatedDataModule, rounds: int, out: str, inner_fit: str = "auto", *, vectorize: bool = False
+    rounds: int, out: str, inner_fit: str = "auto", *, vectorize: bool = False
 ) -> tuple[tuple[float, float], float, dict[str, float]]:
-    loop = FederatedLoop(
-        build(dm),
-        dm,
-        num_rounds=rounds,
-        clients_per_round=5,
-        local_epochs=3,
-        output_dir=out,
-        progress_bar=False,
-        checkpoint=False,
-        vectorize=vectorize,
-        trainer={"accelerator": "gpu" if DEVICE == "cuda" else "cpu"},
-    )
+    loop = build_loop(spec(rounds, vectorize=vectorize), out)
     loop.runner.inner_fit = inner_fit
     loop.evaluator.lean = inner_fit != "trainer"
     print(f"inner fit: {loop.runner.inner_fit_for()}")
@@ -145,23 +152,23 @@ def main() -> None:
     global BACKBONE, DEVICE
     BACKBONE, DEVICE = args.backbone, args.device
     torch.set_num_threads(args.threads)
-    dm = FederatedDataModule("digits", num_clients=10, partition="dirichlet", alpha=0.5)
-    dm.setup()
-    probe = FederatedLoop(build(dm), dm, num_rounds=args.rounds, clients_per_round=5, progress_bar=False)
-    schedule = []
-    for r in range(args.rounds):
-        probe.round_idx = r
-        schedule.append(probe.selector.select(probe.round_context()))
-    ours, vectorised, plain, parts_all, parts_vectorised = [], [], [], [], []
-    for i in range(args.repeats):
-        t, acc_l, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_{i}", args.inner_fit)
-        ours.append(t)
-        parts_all.append(parts)
-        t, acc_v, parts = run_lightning(dm, args.rounds, f"/tmp/loop_overhead_v{i}", args.inner_fit, vectorize=True)
-        vectorised.append(t)
-        parts_vectorised.append(parts)
-        t, acc_p = run_plain(dm, args.rounds, schedule)
-        plain.append(t)
+    with tempfile.TemporaryDirectory(prefix="loop_overhead_") as out:
+        probe = build_loop(spec(args.rounds), f"{out}/probe")
+        schedule = []
+        for r in range(args.rounds):
+            probe.round_idx = r
+            schedule.append(probe.selector.select(probe.round_context()))
+        dm = probe.datamodule
+        ours, vectorised, plain, parts_all, parts_vectorised = [], [], [], [], []
+        for i in range(args.repeats):
+            t, acc_l, parts = run_lightning(args.rounds, f"{out}/loop_{i}", args.inner_fit)
+            ours.append(t)
+            parts_all.append(parts)
+            t, acc_v, parts = run_lightning(args.rounds, f"{out}/vectorised_{i}", args.inner_fit, vectorize=True)
+            vectorised.append(t)
+            parts_vectorised.append(parts)
+            t, acc_p = run_plain(dm, args.rounds, schedule)
+            plain.append(t)
     fits = args.rounds * 5
     for i, kind in enumerate(("CPU", "wall")):
         o, p = statistics.median(t[i] for t in ours), statistics.median(t[i] for t in plain)

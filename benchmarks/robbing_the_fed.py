@@ -22,16 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _config import instantiate, parse_args
+from _config import parse_args
 
-from lightning_fl import FederatedLoop
 from lightning_fl.attacks import ImprintBlock, MaliciousImprint, RobbingTheFedAttack
 from lightning_fl.attacks.metrics import RECOVERED_PSNR, match_reconstructions, psnr
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.bench import build_loop
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import apply_defences
 from lightning_fl.models import ImageClassifier
+
+VICTIM = {"backbone": "lenet_dlg", "optimizer": "sgd"}
+"""The victim every row attacks: the sigmoid LeNet classifier, trained by SGD (``lr`` from the settings)."""
 
 
 def server_imprint(dm: FederatedDataModule, *, feature: str, num_bins: int, gain: float = 1.0) -> MaliciousImprint:
@@ -43,16 +46,22 @@ def server_imprint(dm: FederatedDataModule, *, feature: str, num_bins: int, gain
     )
 
 
-def model_for(dm: FederatedDataModule, lr: float) -> ImageClassifier:
-    return ImageClassifier(**dm.model_options, backbone="lenet_dlg", optimizer="sgd", lr=lr)
+def victim(dm: FederatedDataModule, lr: float = 0.01) -> ImageClassifier:
+    """A fresh victim for the data of ``dm`` (initialised from torch's current seed)."""
+    return ImageClassifier(**dm.model_options, **VICTIM, lr=lr)
+
+
+def one_client(data: str) -> tuple[FederatedDataModule, torch.Tensor, torch.Tensor]:
+    """The 32x32 ``data`` as one client's training pool: its data module, images and labels."""
+    dm = FederatedDataModule(data, num_clients=1, partition="iid", image_size=32, val_fraction=0.0)
+    dm.setup()
+    return dm, *dm.client_train_set(0).tensors()
 
 
 def batch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for data, feature in args.from_config["features"].items():
-        dm = FederatedDataModule(data, num_clients=1, partition="iid", image_size=32, val_fraction=0.0)
-        dm.setup()
-        images, labels = dm.client_train_set(0).tensors()
+        dm, images, labels = one_client(data)
         for batch in args.batch_sizes:
             for steps in args.local_steps:
                 if batch * steps > len(images):
@@ -62,7 +71,7 @@ def batch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for seed in args.seeds:
                     torch.manual_seed(seed)
                     model = apply_defences(
-                        model_for(dm, args.lr), [server_imprint(dm, feature=feature, num_bins=args.num_bins)]
+                        victim(dm, args.lr), [server_imprint(dm, feature=feature, num_bins=args.num_bins)]
                     )
                     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[: batch * steps]
                     truth = images[chosen]
@@ -78,38 +87,36 @@ def batch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def defence_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    data = {"dataset": "digits", "num_clients": 20, "partition": "iid", "image_size": 32, "val_fraction": 0.0}
+    data["batch_size"] = 64
+    server_data = FederatedDataModule(**data)  # the split the server measures its bins on
     rows = []
     for name, setting in args.from_config["defences"].items():
-        dm = FederatedDataModule(
-            "digits", num_clients=20, partition="iid", image_size=32, val_fraction=0.0, batch_size=64
-        )
-        dm.setup()
         leak_point = setting.get("leak_point", "client_update")
         clients = int(setting.get("clients_per_round", 1))
         gain = float(setting.get("gain", 1.0))
-        defences = [server_imprint(dm, feature="random", num_bins=args.num_bins, gain=gain)]
-        defences += [instantiate(d) for d in setting.get("defences", [])]
-        loop_options = {k: instantiate(v) for k, v in setting.get("loop", {}).items()}
+        spec = {
+            "seed": 0,
+            "data": data,
+            "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": {**VICTIM, "lr": args.lr}},
+            "defences": [
+                server_imprint(server_data, feature="random", num_bins=args.num_bins, gain=gain),
+                *setting.get("defences", []),
+            ],
+            "loop": {
+                "num_rounds": 1,
+                "clients_per_round": clients,
+                "local_steps": 1,
+                "eval_every": 0,
+                **setting.get("loop", {}),
+            },
+        }
+        leak = GradientLeakage(
+            RobbingTheFedAttack(), leak_point=leak_point, rounds=[0], max_images=4096, save_images=False
+        )
         with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.manual_seed(0)
-            leak = GradientLeakage(
-                RobbingTheFedAttack(), leak_point=leak_point, rounds=[0], max_images=4096, save_images=False
-            )
-            loop = FederatedLoop(
-                model_for(dm, args.lr),
-                dm,
-                defences=defences,
-                callbacks=[leak],
-                num_rounds=1,
-                clients_per_round=clients,
-                local_steps=1,
-                eval_every=0,
-                checkpoint=False,
-                progress_bar=False,
-                output_dir=out,
-                **loop_options,
-            )
+            loop = build_loop(spec, out, callbacks=[leak])
             start = time.process_time()
             loop.fit()
             entries = json.loads((Path(out) / "summary.json").read_text())["attacks"]

@@ -25,14 +25,13 @@ from types import SimpleNamespace
 
 import torch
 from _config import parse_args
-from robbing_the_fed import server_imprint
+from robbing_the_fed import one_client, server_imprint, victim
 
 from lightning_fl.attacks import RobbingTheFedAttack
 from lightning_fl.attacks.metrics import RECOVERED_PSNR, match_reconstructions, psnr
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import apply_defences
-from lightning_fl.models import ImageClassifier
 
 
 def share(recovered: torch.Tensor, truth: torch.Tensor) -> float:
@@ -75,24 +74,19 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for data, feature in args.from_config["features"].items():
-        dm = FederatedDataModule(data, num_clients=1, partition="iid", image_size=32, val_fraction=0.0)
-        dm.setup()
-        pool, pool_labels = dm.client_train_set(0).tensors()
+        dm, pool, pool_labels = one_client(data)
         for seed in args.seeds:
             chosen = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[: args.batch_size]
             images, labels = pool[chosen], pool_labels[chosen]
             torch.manual_seed(seed)
-            victim = ImageClassifier(**dm.model_options, backbone="lenet_dlg")
+            their_victim = victim(dm)
             start = time.process_time()
-            ours_model = apply_defences(
-                ImageClassifier(**dm.model_options, backbone="lenet_dlg"),
-                [server_imprint(dm, feature=feature, num_bins=args.num_bins)],
-            )
-            ours_model.load_state_dict(victim.state_dict(), strict=False)  # the same victim behind both blocks
+            ours_model = apply_defences(victim(dm), [server_imprint(dm, feature=feature, num_bins=args.num_bins)])
+            ours_model.load_state_dict(their_victim.state_dict(), strict=False)  # the same victim behind both blocks
             view = client_view(ours_model, images, labels, num_classes=dm.num_classes)
             ours = share(RobbingTheFedAttack().reconstruct(view).images, images)
             middle = time.process_time()
-            theirs = breaching_side(dm, victim, images, labels, args.num_bins)
+            theirs = breaching_side(dm, their_victim, images, labels, args.num_bins)
             row = {
                 "data": data,
                 "seed": seed,

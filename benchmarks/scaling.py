@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from lightning_fl import FederatedDataModule, FederatedLoop, ImageClassifier
+from lightning_fl.bench import build_loop
 from lightning_fl.federation import workers as workers_module
 from lightning_fl.federation.client_round import ClientStep
 
@@ -112,33 +112,15 @@ def _job_report(log_dir: str) -> str:
     return "\n".join(lines)
 
 
-def _loop(
-    dm: FederatedDataModule,
-    out: str,
-    *,
-    backbone: str,
-    rounds: int,
-    per_round: int,
-    local_epochs: int,
-    seed: int = 0,
-    **options,
-) -> FederatedLoop:
-    """The benchmarks' federation on ``dm``: ``ImageClassifier(backbone)`` with Adam 2e-3, initialised from ``seed``,
-    no checkpoints and no progress bar; ``options`` go to the loop."""
-    torch.manual_seed(seed)
-    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
-    return FederatedLoop(
-        model,
-        dm,
-        num_rounds=rounds,
-        clients_per_round=per_round,
-        local_epochs=local_epochs,
-        seed=seed,
-        output_dir=out,
-        checkpoint=False,
-        progress_bar=False,
-        **options,
-    )
+def _spec(*, clients: int, partition: str = "dirichlet", backbone: str, seed: int = 0, **loop: object) -> dict:
+    """The benchmarks' federation: ``digits`` split over ``clients`` (Dirichlet 0.5 or IID, the split's seed fixed at
+    0), ``ImageClassifier(backbone)`` with Adam 2e-3 initialised from ``seed``; ``loop`` holds the loop's options."""
+    return {
+        "seed": seed,
+        "data": {"dataset": "digits", "num_clients": clients, "partition": partition, "alpha": 0.5, "seed": 0},
+        "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": {"backbone": backbone, "lr": 2e-3}},
+        "loop": loop,
+    }
 
 
 def run_workers(
@@ -151,10 +133,9 @@ def run_workers(
     backend: str = "processes",
     eval_threads: int | None = None,
 ) -> dict:
-    dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
+    options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 2, "workers": workers}
     with tempfile.TemporaryDirectory() as out:
-        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 2, "workers": workers, "backend": backend}
-        loop = _loop(dm, out, backbone=backbone, **options)
+        loop = build_loop(_spec(clients=clients, backbone=backbone, **options, backend=backend), out)
         if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
             loop.evaluator.threads = eval_threads
         phases: dict[str, list[float]] = {}
@@ -200,22 +181,10 @@ def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
     """Peak resident memory of a run in which every one of ``clients`` clients trains once with key-lock secrets."""
     from lightning_fl.defences import KeyLocks
 
-    dm = FederatedDataModule("digits", num_clients=clients, partition="iid", seed=0)
-    torch.manual_seed(0)
-    model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
+    options = {"num_rounds": -(-clients // per_round), "clients_per_round": per_round, "local_steps": 1}
+    spec = _spec(clients=clients, partition="iid", backbone=backbone, **options, eval_every=0)
     with tempfile.TemporaryDirectory() as out:
-        loop = FederatedLoop(
-            model,
-            dm,
-            num_rounds=-(-clients // per_round),
-            clients_per_round=per_round,
-            local_steps=1,
-            defences=[KeyLocks()],
-            eval_every=0,
-            output_dir=out,
-            checkpoint=False,
-            progress_bar=False,
-        )
+        loop = build_loop({**spec, "defences": [KeyLocks()]}, out)
         loop.selector.select = lambda ctx: list(  # every client once
             range(ctx.round_idx * per_round, min(clients, (ctx.round_idx + 1) * per_round))
         )
@@ -307,8 +276,6 @@ def run_flower(*, rounds: int) -> None:
 def run_vectorise(
     *, clients: int, per_round: int, rounds: int, seeds: list[int], backbone: str, accelerator: str
 ) -> None:
-    dm = FederatedDataModule("digits", num_clients=clients, partition="dirichlet", alpha=0.5, seed=0)
-    dm.setup()
     print(
         "| seed | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio | client step CPU s seq / vec "
         "| ratio | accuracy seq / vec | max abs diff train loss / accuracy | load before |"
@@ -316,7 +283,9 @@ def run_vectorise(
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in seeds:
         load = os.getloadavg()[0]
-        s, v = (_vectorise_run(dm, vectorize, seed, rounds, per_round, backbone, accelerator) for vectorize in (0, 1))
+        s, v = (
+            _vectorise_run(clients, vectorize, seed, rounds, per_round, backbone, accelerator) for vectorize in (0, 1)
+        )
         loss = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(s["h"], v["h"], strict=True))
         acc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(s["h"], v["h"], strict=True))
         print(
@@ -329,13 +298,12 @@ def run_vectorise(
 
 
 def _vectorise_run(
-    dm: FederatedDataModule, vectorize: int, seed: int, rounds: int, per_round: int, backbone: str, accelerator: str
+    clients: int, vectorize: int, seed: int, rounds: int, per_round: int, backbone: str, accelerator: str
 ) -> dict:
+    options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 3}
+    options |= {"vectorize": bool(vectorize), "trainer": {"accelerator": accelerator}}
     with tempfile.TemporaryDirectory() as out:
-        options = {"rounds": rounds, "per_round": per_round, "local_epochs": 3, "seed": seed}
-        loop = _loop(
-            dm, out, backbone=backbone, **options, vectorize=bool(vectorize), trainer={"accelerator": accelerator}
-        )
+        loop = build_loop(_spec(clients=clients, backbone=backbone, seed=seed, **options), out)
         phases: dict[str, list[float]] = {}
         _timed(loop, "run_round", phases, "rounds")
         run = ClientStep.run  # the loop builds its client step when it fits: time the class's method, then restore it
