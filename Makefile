@@ -125,6 +125,10 @@ reproduce-model-defences-loop:
 reproduce-dp:
 	{ $(RUN) $(BIN)/python benchmarks/dp_tables.py --out $(OUT)/dp_tables.json && \
 	  $(RUN) $(BIN)/python benchmarks/fed_dp_clients_per_round.py && \
+	  $(RUN) $(BIN)/python benchmarks/fed_dp_clients_per_round.py --clients 100 --per-round 100 \
+	    --defences fed_cdp none --seeds 0 && \
+	  $(RUN) $(BIN)/python benchmarks/fed_dp_clients_per_round.py --per-round 20 --defences fed_cdp --local-epochs 5 \
+	    --seeds 0 --out $(OUT)/fed_dp_clients_per_round/local_epochs_5 && \
 	  for seed in 0 1 2; do \
 	    $(RUN) $(BIN)/lightning-fl fit --config configs/dp_fedavg_adaptive_digits.yaml --seed_everything $$seed \
 	      --output_dir $(OUT)/dpfa_adaptive_$$seed && \
@@ -142,12 +146,15 @@ reproduce-dp:
 reproduce-pogz:
 	{ $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --allocations pogz even inverse && \
 	  $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --nets paper2 --image-size 28 --epsilons 5 10 20 50 100 200 && \
-	  $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --placements once --alpha-fraction 0.01 --epsilons 0.5 1 5 10; \
+	  $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --placements once --alpha-fraction 0.01 --epsilons 0.5 1 5 10 && \
+	  $(RUN) $(BIN)/python benchmarks/pogz_table2_sweep.py --nets paper2 dlg3 --placements once per_step \
+	    --clippings whole_update per_layer --seeds 3 --out $(OUT)/pogz_table2_sweep.json; \
 	} $(LOG)
 
 reproduce-fedboosting:
 	{ $(RUN) $(BIN)/python benchmarks/fedboosting_tables.py && \
-	  $(RUN) $(BIN)/python benchmarks/fedboosting_vs_fedavg.py --seeds 0 1 2 --alphas 0.3 1.0; } $(LOG)
+	  $(RUN) $(BIN)/python benchmarks/fedboosting_vs_fedavg.py --seeds 0 1 2 --alphas 0.3 1.0 \
+	    --out $(OUT)/fedboosting_vs_fedavg; } $(LOG)
 
 # docs/algorithms.md, "Measured: the quickstart under each algorithm" (eta 0.01, tau 1e-3 for the adaptive ones).
 reproduce-algorithms:
@@ -167,7 +174,9 @@ reproduce-secure-aggregation:
 	{ $(RUN) $(BIN)/lightning-fl fit --config configs/fedboosting_he_digits.yaml --output_dir $(OUT)/fedboosting_he && \
 	  $(RUN) $(BIN)/python benchmarks/paillier.py --key-size 2048 --sample 1000 && \
 	  $(RUN) $(BIN)/python benchmarks/secagg_cost.py --rounds 3 --paillier-rounds 1 && \
-	  $(RUN) $(BIN)/python benchmarks/secagg_dropout.py && \
+	  $(RUN) $(BIN)/python benchmarks/secagg_dropout.py --rounds 1 --drop-round 0 && \
+	  $(RUN) $(BIN)/python benchmarks/secagg_dropout.py --rounds 4 --drop-round 3 && \
+	  $(RUN) $(BIN)/python benchmarks/secagg_dropout.py --rounds 25 --drop-round 3 && \
 	  $(RUN) $(BIN)/python benchmarks/faulty_updates.py; } $(LOG)
 
 # docs/performance.md: timings (they depend on the machine and its load; the doc gives both for each table).
