@@ -1,4 +1,4 @@
-"""Benchmark settings from a YAML file in configs/, command-line flags overriding (issue #13: scripts read configs/).
+"""Benchmark settings from a YAML file in configs/, command-line flags overriding.
 
 A benchmark script declares its flags with argparse as usual, plus ``--config`` whose default names its YAML file.
 :func:`parse_args` reads that file first and uses its top-level keys (the flags' names with ``_``) as the defaults,

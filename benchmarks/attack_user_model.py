@@ -2,8 +2,8 @@
 
 Section "Batch recovery". The victim is not one of ours: a small sigmoid CNN written as a user would write it
 (``MyNet`` below), untrained. The attack is ``DLGAttack()`` with its defaults, whose ``"auto"`` settings for a
-batch are a total-variation prior, no early stop and 6000 evaluations; ``--before`` runs the settings before issue
-#9's batch work (no prior, early stop at 3e-8, 3000 evaluations). Prints, per seed (victim init and attack start):
+batch are a total-variation prior, no early stop and 6000 evaluations; ``--before`` runs the settings before the batch
+priors (no prior, early stop at 3e-8, 3000 evaluations). Prints, per seed (victim init and attack start):
 the photos, PSNR and SSIM per matched image, the recovered labels (the true ones are 1 and 4), evaluations and
 process CPU seconds. The crops are the first two of different scikit-image photos, never used for tuning.
 

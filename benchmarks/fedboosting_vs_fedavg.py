@@ -1,4 +1,4 @@
-"""FedBoosting vs FedAvg on non-IID digits, per round, over seeds and Dirichlet alpha (issue 14; thesis ch. 4).
+"""FedBoosting vs FedAvg on non-IID digits, per round, over seeds and Dirichlet alpha (thesis ch. 4).
 
 Reads the setting (data, model, rounds, local epochs) from a fit config, by default
 ``configs/fedboosting_digits.yaml``, and runs, for every alpha in ``--alphas`` and seed in ``--seeds``:

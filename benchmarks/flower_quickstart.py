@@ -1,4 +1,4 @@
-"""The quickstart workload as Flower apps, for ``benchmarks/scaling.py flower`` (issue #12 (a)).
+"""The quickstart workload as Flower apps, for ``benchmarks/scaling.py flower``.
 
 Two ways to run ``configs/quickstart.yaml``'s federation (digits 32x32, 10 clients, Dirichlet 0.5, seed 0; the sigmoid
 DLG LeNet, Adam lr 2e-3, batch 32, 3 local epochs, 5 clients a round, FedAvg, global test accuracy every round) in

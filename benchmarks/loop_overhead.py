@@ -3,13 +3,13 @@
 Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected clients, Adam lr 2e-3,
 3 local epochs, batch 32, global test evaluation every round: ``configs/quickstart.yaml`` with ``--rounds``, the
 FederatedLoop built from it by ``lightning_fl.bench.build_loop`` (as ``lightning-fl fit`` builds it) outside the timed
-region; runs write to a fresh temporary folder. Prints the CPU time of each (this process,
-one thread: robust to other load on the machine), the wall time, the ratios, and where the extra time of the
-Lightning loop goes (Trainer construction, fit, evaluation, writing and plotting at the end) and which inner fit
-the clients ran (plain clients: Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, the loop
-before issue #12). Each repeat also runs the loop with vectorised clients (``vectorize=True``: the round's clients
-trained at once), interleaved with the other two, and prints the time of the rounds alone (start-up and the plots at
-the end excluded) of both FederatedLoop runs.
+region; runs write to a fresh temporary folder. Prints the CPU time of each (this process, one thread: robust to
+other load on the machine), the wall time, the ratios, and where the extra time of the Lightning loop goes (Trainer
+construction, fit, evaluation, writing and plotting at the end) and which inner fit the clients ran (plain clients:
+Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, as every client fit ran before the Fabric
+path). Each repeat also runs the loop with vectorised clients (``vectorize=True``: the round's clients trained at
+once), interleaved with the other two, and prints the time of the rounds alone (start-up and the plots at the end
+excluded) of both FederatedLoop runs.
 
     .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 [--inner-fit trainer] [--device cuda]
 """

@@ -1,6 +1,6 @@
 """How FederatedLoop scales: the same federation with ``workers`` 1, 2, ... local worker processes.
 
-Section ``workers`` (issue #12 (b)): a cross-device workload, ResNet-20 on ``digits`` (32x32), 100 clients
+Section ``workers``: a cross-device workload, ResNet-20 on ``digits`` (32x32), 100 clients
 (Dirichlet 0.5), 10 a round, 2 local epochs of Adam, batch 32, global test evaluation every round; the same
 seed for every worker count. Prints per setting the whole-run wall time, the CPU time of this process plus its
 (joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
@@ -10,22 +10,22 @@ per round, each worker's busy time against the round's span (imbalance of the gr
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 [--ray]
 
-Section ``memory`` (issue #12 (d)): peak resident memory when every one of 1,000 clients has trained once with
+Section ``memory``: peak resident memory when every one of 1,000 clients has trained once with
 key-lock secrets (``KeyLocks``), held in the loop's client store:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg
 
-Section ``ddp`` (issue #12 (c)): the quickstart config through the CLI in one process and in 2 DDP processes (gloo):
+Section ``ddp``: the quickstart config through the CLI in one process and in 2 DDP processes (gloo):
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py ddp --rounds 10
 
-Section ``flower`` (issue #12 (a)): the quickstart workload's whole-process wall time through ``lightning-fl fit -c
+Section ``flower``: the quickstart workload's whole-process wall time through ``lightning-fl fit -c
 configs/quickstart.yaml`` against Flower simulations of the same model, data, partition and clients (a plain Flower
 app with a bare PyTorch client, and our Flower adapter; see ``benchmarks/flower_quickstart.py``), one after another:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py flower --rounds 25
 
-Section ``vectorise`` (issue #24): the same federation with clients trained one by one (``vectorize=False``) and at
+Section ``vectorise``: the same federation with clients trained one by one (``vectorize=False``) and at
 once (``vectorize=True``), one after the other for each seed (model initialisation and loop seed; the partition is
 fixed), in this process. Prints per seed the CPU and wall time of the rounds alone (client training, aggregation,
 evaluation; start-up and the plots at the end excluded) and of the client step alone, their ratios, the final
