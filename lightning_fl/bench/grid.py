@@ -77,20 +77,39 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
     return {**settings, axis: chosen}
 
 
+def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The settings of ``path``: its ``base:`` config's (a path relative to ``path``'s folder), then its own keys,
+    then, with ``quick``, its ``quick:`` section, each merged over the one before."""
+    if not path.is_file():
+        raise ValueError(f"bench config {path}: no such file; give a bench YAML such as configs/bench_digits.yaml.")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"bench config {path} is not a mapping; see configs/bench_digits.yaml for the keys.")
+    raw = dict(raw)
+    preset = raw.pop("quick", {}) or {}
+    base = raw.pop("base", None)
+    if base is not None:
+        base_path = (path.parent / str(base)).resolve()
+        if base_path in seen or base_path == path.resolve():
+            raise ValueError(f"bench config {path}: base: {base} leads back to itself; name a config without a cycle.")
+        raw = _merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
+    return _merge(raw, preset) if quick else raw
+
+
 def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     """Read a bench config; with ``quick``, merge its ``quick:`` section over it (lists are replaced).
+
+    A config may start from another: ``base: bench_photos.yaml`` (relative to its own folder) takes that config's
+    settings (its ``quick:`` section included), and the keys given here override them as ``quick:`` does.
 
     Raises:
         ValueError: naming the missing key, an empty or unknown name in ``only``, or a malformed threat model.
     """
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"bench config {path} is not a mapping; see configs/bench_digits.yaml for the keys.")
+    raw = _read(Path(path), quick=quick)
     missing = [key for key in _REQUIRED if key not in raw]
     if missing:
         raise ValueError(f"bench config {path} lacks {missing}; see configs/bench_digits.yaml for the keys.")
-    preset = raw.pop("quick", {}) or {}
-    settings = _merge(raw, preset) if quick else raw
+    settings = raw
     for axis in SELECTABLE:
         if not settings[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,17 @@ def test_the_cifar10_preset_reads_torchvision_files_under_data_root(tmp_path, mo
     check_grid(settings)  # every run of the preset builds on the files found under data.root
     assert settings["data"]["dataset"] == "cifar10" and settings["data"].get("download") is False
     assert json.dumps(settings)  # plain data, as a worker process receives it
+
+
+def test_a_preset_starts_from_its_base_and_overrides_it(tmp_path) -> None:
+    base = load_settings("configs/bench_digits.yaml", quick=True)
+    (tmp_path / "base.yaml").write_text(Path("configs/bench_digits.yaml").read_text())
+    (tmp_path / "faces.yaml").write_text(
+        "base: base.yaml\noutput_dir: runs/faces\ndata: {dataset: lfw_faces}\nquick: {seeds: [1]}\n"
+    )
+    settings = load_settings(tmp_path / "faces.yaml", quick=True)
+    assert settings["data"] == {**base["data"], "dataset": "lfw_faces"} and settings["seeds"] == [1]
+    assert settings["defences"] == base["defences"] and settings["output_dir"] == "runs/faces"
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ValueError, match="leads back to itself"):
+        load_settings(tmp_path / "loop.yaml")
