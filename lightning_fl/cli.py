@@ -39,7 +39,7 @@ from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model,
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.model_contract import check_train_loss_key
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
-from lightning_fl.federation.run_lock import launched_rank
+from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
     check_callback_schedule,
@@ -166,21 +166,30 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
 
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
+    check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
     check_attack_run(init.attack, data=init.data, model=init.model, **vars(init.run))
+    lock = RunLock(output_dir)
+    claim_run_dir(lock, resume=False, overwrite=cfg.overwrite, can_resume=False)  # the last check, the first write
 
     def attack() -> dict[str, Any]:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
-        entry = run_attack(
-            init.attack,
-            data=init.data,
-            model=init.model,
-            output_dir=output_dir,
-            seed=cfg.seed_everything,
-            **vars(init.run),
-        )
+        try:
+            if cfg.overwrite:
+                clear_run_dir(output_dir, keep=lock.path)
+            saved = cfg.clone()
+            saved.overwrite = False
+            parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
+            entry = run_attack(
+                init.attack,
+                data=init.data,
+                model=init.model,
+                output_dir=output_dir,
+                seed=cfg.seed_everything,
+                **vars(init.run),
+            )
+        finally:
+            lock.release()
         table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
         for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds"):
             table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
