@@ -169,7 +169,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
-    check_attack_run(init.attack, data=init.data, model=init.model, **vars(init.run))
+    check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
     lock = RunLock(output_dir)
     claim_run_dir(lock, resume=False, overwrite=cfg.overwrite, can_resume=False)  # the last check, the first write
 
@@ -184,9 +184,9 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
                 init.attack,
                 data=init.data,
                 model=init.model,
+                run=init.run,
                 output_dir=output_dir,
                 seed=cfg.seed_everything,
-                **vars(init.run),
             )
         finally:
             lock.release()

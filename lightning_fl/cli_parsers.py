@@ -103,13 +103,13 @@ def _fit_parser() -> ArgumentParser:
 
 def _attack_parser() -> ArgumentParser:
     from lightning_fl.attacks.base import GradientAttack
-    from lightning_fl.attacks.standalone import run_attack
+    from lightning_fl.attacks.standalone import AttackRun
 
     parser = _parser("One gradient-leakage attack on one batch of a client's data (no rounds).")
     _common(parser)
     _overwrite(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
-    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
+    parser.add_class_arguments(AttackRun, "run")
     return parser
 
 

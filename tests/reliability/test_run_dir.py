@@ -40,6 +40,13 @@ def _files(run) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
+def _copy(run, to):
+    for name, data in _files(run).items():
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        (to / name).write_bytes(data)
+    return to
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 2-round run."""
@@ -58,10 +65,7 @@ def test_fit_into_a_finished_run_is_refused_and_leaves_it_as_it_was(finished, ca
 
 
 def test_overwrite_replaces_the_run_and_deletes_its_files(finished, tmp_path) -> None:
-    run = tmp_path / "run"
-    for name, data in _files(finished).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(finished, tmp_path / "run")
     assert main(_fit(run, "--overwrite", "true")) == 0
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
     assert json.loads((run / "manifest.json").read_text())["round_idx"] == 1
@@ -139,10 +143,7 @@ def test_attack_into_a_run_is_refused_and_leaves_it_as_it_was(attacked, finished
 
 
 def test_attack_overwrite_replaces_the_attack_run(attacked, tmp_path) -> None:
-    run = tmp_path / "run"
-    for name, data in _files(attacked).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(attacked, tmp_path / "run")
     assert main(_attack(run, "--overwrite", "true", "--seed_everything", "3")) == 0
     assert "seed_everything: 3" in (run / "config.yaml").read_text()
     assert "overwrite: false" in (run / "config.yaml").read_text()
@@ -151,10 +152,7 @@ def test_attack_overwrite_replaces_the_attack_run(attacked, tmp_path) -> None:
 
 
 def test_overwrite_deletes_only_what_a_run_wrote_and_names_the_files_it_kept(finished, tmp_path) -> None:
-    run = tmp_path / "run"
-    for name, data in _files(finished).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(finished, tmp_path / "run")
     (run / "notes.txt").write_text("my notes")
     (run / "checkpoints" / "mine.ckpt").write_text("another tool's checkpoint")
     (run / "plots").mkdir()
@@ -171,19 +169,13 @@ def test_overwrite_deletes_only_what_a_run_wrote_and_names_the_files_it_kept(fin
 
 
 def test_overwrite_of_a_run_without_foreign_files_leaves_none_behind(finished, tmp_path) -> None:
-    run = tmp_path / "run"
-    for name, data in _files(finished).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(finished, tmp_path / "run")
     clear_run_dir(run, keep=run / ".lightning-fl.lock")
     assert list(run.iterdir()) == []
 
 
 def _old_format(finished, tmp_path, version: int):
-    run = tmp_path / "run"
-    for name, data in _files(finished).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(finished, tmp_path / "run")
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["format"] = version
     if version < FORMAT:  # format 1 stored plug-in classes, not their settings
