@@ -128,7 +128,9 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
     if cfg.resume:
-        check_checkpoints_load_safely(loop.checkpoint.committed_files())  # an uncommitted file is deleted unread
+        # digests first (a truncated file is named as such), then the safe unpickler; uncommitted files are
+        # deleted unread
+        check_checkpoints_load_safely(loop.checkpoint.check_committed())
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
     options = loop.runner.trainer_options
     check_train_loss_key(
@@ -303,6 +305,14 @@ def _config_files(args: list[str]) -> list[str]:
     return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
 
 
+def _known_keys(args: list[str]) -> list[str]:
+    """Every config key of the subcommand in ``args`` (for a suggestion when a key is unknown)."""
+    subcommand = next((arg for arg in args if arg in SUBCOMMANDS), None)
+    if subcommand is None:
+        return []
+    return [action.dest for action in SUBCOMMANDS[subcommand]()._actions if not action.dest.endswith(".help")]
+
+
 def _main(args: list[str]) -> int:
     try:
         for path in _config_files(args):
@@ -313,7 +323,7 @@ def _main(args: list[str]) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
-        print(f"lightning-fl: error: {one_line(err)}", file=sys.stderr)
+        print(f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args))}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
         run()

@@ -316,17 +316,37 @@ class Checkpoint:
             self._read(entry)  # every digest, before anything is restored
         return manifest
 
-    def _read(self, entry: Mapping[str, str]) -> Any:
+    def check_committed(self) -> list[Path]:
+        """Every file the manifest names, after checking that each exists and matches its digest; nothing is
+        unpickled (a truncated or changed file is named before any loader sees it).
+
+        Raises:
+            ValueError: naming the first file that is missing or differs from its digest.
+        """
+        manifest = self.read_manifest()
+        entries = _entries(manifest) if manifest else []
+        for entry in entries:
+            self._verified(entry)
+        return [self.output_dir / e["path"] for e in entries]
+
+    def _verified(self, entry: Mapping[str, str]) -> bytes:
         path = self.output_dir / entry["path"]
         if not path.exists():
-            raise ValueError(f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume.")
+            raise ValueError(
+                f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume: put the file "
+                f"back, or start the run again with another --output_dir (or --overwrite true)."
+            )
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(
-                f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed after it was "
-                "committed); the run cannot resume."
+                f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed or truncated after it "
+                "was committed); the run cannot resume: put the committed file back, or start the run again with "
+                "another --output_dir (or --overwrite true)."
             )
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return data
+
+    def _read(self, entry: Mapping[str, str]) -> Any:
+        return torch.load(io.BytesIO(self._verified(entry)), map_location="cpu", weights_only=True)
 
     def load_client(self, client_id: int, manifest: Mapping[str, Any] | None = None) -> ClientState:
         """The committed client-side state of ``client_id`` (client storage: private layers, keys).

@@ -185,16 +185,21 @@ def _old_format(finished, tmp_path, version: int):
     return run
 
 
-@pytest.mark.parametrize(("version", "age"), [(1, "an older"), (FORMAT + 1, "a newer")])
-def test_resume_of_a_run_of_another_format_is_refused_with_one_line(finished, tmp_path, capsys, version, age) -> None:
-    run = _old_format(finished, tmp_path, version)
+def _resume_refused(run, capsys) -> str:
+    """The one error line of ``fit --resume true`` into ``run``, which must exit 2 and leave ``run`` as it was."""
     before = _files(run)
     capsys.readouterr()
     assert main(_fit(run, "--resume", "true", "--loop.num_rounds", "3")) == 2
     line = one_error_line(capsys.readouterr().err)
+    assert _files(run) == before
+    return line
+
+
+@pytest.mark.parametrize(("version", "age"), [(1, "an older"), (FORMAT + 1, "a newer")])
+def test_resume_of_a_run_of_another_format_is_refused_with_one_line(finished, tmp_path, capsys, version, age) -> None:
+    line = _resume_refused(_old_format(finished, tmp_path, version), capsys)
     assert f"manifest.json' was written in format {version} by {age} lightning-fl" in line
     assert "another --output_dir (or --overwrite true)" in line
-    assert _files(run) == before
 
 
 def test_fit_into_a_run_of_another_format_does_not_offer_resume(finished, tmp_path, capsys) -> None:
@@ -204,3 +209,12 @@ def test_fit_into_a_run_of_another_format_does_not_offer_resume(finished, tmp_pa
     line = one_error_line(capsys.readouterr().err)
     assert "it cannot be resumed (its manifest.json is of another lightning-fl version or damaged)" in line
     assert "use --resume true" not in line and "--overwrite true" in line
+
+
+def test_resume_with_a_truncated_committed_checkpoint_names_it_and_writes_nothing(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    path = run / json.loads((run / "manifest.json").read_text())["server"]["path"]
+    path.write_bytes(path.read_bytes()[:100])
+    line = _resume_refused(run, capsys)
+    assert f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed or truncated" in line
+    assert "another --output_dir (or --overwrite true)" in line
