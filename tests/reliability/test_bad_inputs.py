@@ -268,3 +268,14 @@ def test_a_library_error_the_toolkit_wrapped_gives_the_toolkit_message(tmp_path,
     assert f"data.dataset='mnist' could not be loaded from data.root={str(tmp_path)!r}" in line
     assert "place the torchvision files for 'mnist' under data.root" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["missing", "a folder"])
+def test_test_names_a_ckpt_path_that_is_no_file(tmp_path, capsys, where: str) -> None:
+    ckpt = tmp_path / "run" if where == "a folder" else tmp_path / "none.safetensors"
+    (tmp_path / "run").mkdir()
+    assert main(["test", "-c", str(QUICKSTART), "--ckpt_path", str(ckpt), "--output_dir", str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    reason = "is a folder, not a file" if where == "a folder" else "does not exist"
+    assert f"ckpt_path={str(ckpt)!r} {reason}; pass the global_model.safetensors" in line
+    assert not (tmp_path / "out").exists()
