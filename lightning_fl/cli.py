@@ -37,7 +37,7 @@ from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.model_contract import check_train_loss_key
+from lightning_fl.federation.model_contract import check_model_takes_inputs, check_train_loss_key
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
 from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
@@ -127,6 +127,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     )
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
+    check_model_takes_inputs(loop.global_model, init.data.train_dataloader(0))
     if cfg.resume:
         # digests first (a truncated file is named as such), then the safe unpickler; uncommitted files are
         # deleted unread
@@ -172,6 +173,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
     check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
+    check_model_takes_inputs(init.model, init.data.train_dataloader(init.run.client_id))
     lock = RunLock(output_dir)
     claim_run_dir(lock, resume=False, overwrite=cfg.overwrite, can_resume=False)  # the last check, the first write
 

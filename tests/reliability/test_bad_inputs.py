@@ -105,6 +105,10 @@ FIT_CASES = {
         ["--data.root", "/no/such/root", "--data.dataset", "mnist", "--data.download", "false"],
         "data.root='/no/such/root' is not a folder and data.download is false",
     ),
+    "a user model built for other images": (
+        ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}", "--data.image_size", "16"],
+        "model DigitsNet does not take the data's inputs of shape (32, 1, 16, 16) (mat1 and mat2 shapes",
+    ),
     "more CPU devices than exist": (
         ["--loop.trainer", "{accelerator: cpu, strategy: ddp, devices: 100000}"],
         "loop.trainer.devices=100000 asks for 100000 processes on this machine",
@@ -202,6 +206,10 @@ def test_an_image_folder_with_a_corrupt_image_names_the_file(tmp_path, capsys, c
         (["--run.local_lr", ".nan"], "run.local_lr=nan must be a finite number > 0"),
         (["--run.local_lr", "-1"], "run.local_lr=-1.0 must be a finite number > 0"),
         (["--attack.init_args.layers", "[nope.*]"], "attack.init_args.layers has ['nope.*'], which match no parameter"),
+        (
+            ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}"],
+            "model DigitsNet does not take the data's inputs of shape (32, 1, 32, 32)",
+        ),
     ],
 )
 def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
