@@ -28,6 +28,9 @@ _EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
 _UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
 _UNKNOWN_KEY = re.compile(r"(?:does not accept option '([^']+)'|unrecognized arguments: --([^\s=]+))")
 _CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
+_MISSING_CLASS = re.compile(
+    r"module '([\w.]+)' has no attribute '(\w+)'|Import path ([\w.]+)\.(\w+) does not correspond"
+)
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -125,4 +128,18 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
         return innermost
     where = f" (class_path {class_path!r})" if class_path else ""
-    return f"{key}{where}: {innermost}"
+    return f"{key}{where}: {innermost}{_class_hint(innermost)}"
+
+
+def _class_hint(message: str) -> str:
+    """``; did you mean 'pkg.Name'?`` for a class path whose module exists but has no such class."""
+    missing = _MISSING_CLASS.search(message)
+    if not missing:
+        return ""
+    module, name = (missing.group(1), missing.group(2)) if missing.group(1) else (missing.group(3), missing.group(4))
+    try:
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_") and n != name]
+    except ImportError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return f"; did you mean '{module}.{close[0]}'?" if close else ""

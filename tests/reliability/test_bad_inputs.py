@@ -105,6 +105,14 @@ FIT_CASES = {
         ["--data.root", "/no/such/root", "--data.dataset", "mnist", "--data.download", "false"],
         "data.root='/no/such/root' is not a folder and data.download is false",
     ),
+    "misspelt model class": (
+        ["--model.class_path", "lightning_fl.models.ImageClasifier"],
+        "has no attribute 'ImageClasifier'; did you mean 'lightning_fl.models.ImageClassifier'?",
+    ),
+    "a layer given as a defence": (
+        ["--defences", "[{class_path: lightning_fl.defences.KeyLock}]"],
+        "KeyLock does not correspond to a subclass of Defence; did you mean 'lightning_fl.defences.KeyLocks'?",
+    ),
     "a user model built for other images": (
         ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}", "--data.image_size", "16"],
         "model DigitsNet does not take the data's inputs of shape (32, 1, 16, 16) (mat1 and mat2 shapes",
