@@ -26,6 +26,7 @@ _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
 _NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
 _EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
 _UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
+_UNION_REFUSAL = re.compile(r"^\s*- (?!Expected a )(.+?)\s*$", re.MULTILINE)
 _UNKNOWN_KEY = re.compile(r"(?:does not accept option '([^']+)'|unrecognized arguments: --([^\s=]+))")
 _CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
 _MISSING_CLASS = re.compile(
@@ -103,6 +104,10 @@ def _most_specific(err: BaseException) -> str:
         return message
     if keys:
         return _keyed(".init_args.".join(keys), innermost, chain)
+    union = str(chain[-2]) if len(chain) > 1 and expected else ""
+    refusal = next((line for line in _UNION_REFUSAL.findall(union) if not line.endswith(":")), None)
+    if refusal:  # a class of the union refused its arguments: its message, not the other alternative's
+        return refusal
     return innermost.split(" failed: ", 1)[-1]
 
 

@@ -113,6 +113,14 @@ FIT_CASES = {
         ["--defences", "[{class_path: lightning_fl.defences.KeyLock}]"],
         "KeyLock does not correspond to a subclass of Defence; did you mean 'lightning_fl.defences.KeyLocks'?",
     ),
+    "a schedule a class refuses, inside a union": (
+        [
+            "--defences",
+            "[{class_path: lightning_fl.defences.FedCDP, init_args: {max_grad_norm: {class_path: "
+            "lightning_fl.privacy.Schedule, init_args: {start: 6, end: -2, kind: linear, num_rounds: 10}}}}]",
+        ],
+        "Schedule(start=6.0, end=-2.0) must be > 0 (a clip bound or noise multiplier).",
+    ),
     "a user model built for other images": (
         ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}", "--data.image_size", "16"],
         "model DigitsNet does not take the data's inputs of shape (32, 1, 16, 16) (mat1 and mat2 shapes",
