@@ -37,9 +37,9 @@ from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.model_contract import check_train_loss_key
+from lightning_fl.federation.model_contract import check_model_takes_inputs, check_train_loss_key
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
-from lightning_fl.federation.run_lock import launched_rank
+from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
     check_callback_schedule,
@@ -127,8 +127,11 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     )
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
+    check_model_takes_inputs(loop.global_model, init.data.train_dataloader(0))
     if cfg.resume:
-        check_checkpoints_load_safely(loop.checkpoint.committed_files())  # an uncommitted file is deleted unread
+        # digests first (a truncated file is named as such), then the safe unpickler; uncommitted files are
+        # deleted unread
+        check_checkpoints_load_safely(loop.checkpoint.check_committed())
     loop.prepare(resume=cfg.resume)  # component checks, resume checks and the eval_metric check: errors give 2
     options = loop.runner.trainer_options
     check_train_loss_key(
@@ -166,21 +169,31 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
 
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
+    check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
-    check_attack_run(init.attack, data=init.data, model=init.model, **vars(init.run))
+    check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
+    check_model_takes_inputs(init.model, init.data.train_dataloader(init.run.client_id))
+    lock = RunLock(output_dir)
+    claim_run_dir(lock, resume=False, overwrite=cfg.overwrite, can_resume=False)  # the last check, the first write
 
     def attack() -> dict[str, Any]:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        parser.save(cfg, output_dir / "config.yaml", overwrite=True, skip_validation=True)
-        entry = run_attack(
-            init.attack,
-            data=init.data,
-            model=init.model,
-            output_dir=output_dir,
-            seed=cfg.seed_everything,
-            **vars(init.run),
-        )
+        try:
+            if cfg.overwrite:
+                clear_run_dir(output_dir, keep=lock.path)
+            saved = cfg.clone()
+            saved.overwrite = False
+            parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
+            entry = run_attack(
+                init.attack,
+                data=init.data,
+                model=init.model,
+                run=init.run,
+                output_dir=output_dir,
+                seed=cfg.seed_everything,
+            )
+        finally:
+            lock.release()
         table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
         for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds"):
             table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
@@ -294,6 +307,14 @@ def _config_files(args: list[str]) -> list[str]:
     return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
 
 
+def _known_keys(args: list[str]) -> list[str]:
+    """Every config key of the subcommand in ``args`` (for a suggestion when a key is unknown)."""
+    subcommand = next((arg for arg in args if arg in SUBCOMMANDS), None)
+    if subcommand is None:
+        return []
+    return [action.dest for action in SUBCOMMANDS[subcommand]()._actions if not action.dest.endswith(".help")]
+
+
 def _main(args: list[str]) -> int:
     try:
         for path in _config_files(args):
@@ -304,7 +325,7 @@ def _main(args: list[str]) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
-        print(f"lightning-fl: error: {one_line(err)}", file=sys.stderr)
+        print(f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args))}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
         run()

@@ -10,6 +10,8 @@ import difflib
 import importlib
 import inspect
 import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 __all__ = ["format_warning", "one_line"]
 
@@ -24,6 +26,23 @@ _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
 _NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
 _EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
 _UNION_ALTERNATIVE = re.compile(r"^\s*- Expected a (.+?)\.?\s*$", re.MULTILINE)
+_UNION_REFUSAL = re.compile(r"^\s*- (?!Expected a )(.+?)\s*$", re.MULTILINE)
+_UNKNOWN_KEY = re.compile(r"(?:does not accept option '([^']+)'|unrecognized arguments: --([^\s=]+))")
+_CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
+_MISSING_CLASS = re.compile(
+    r"module '([\w.]+)' has no attribute '(\w+)'|Import path ([\w.]+)\.(\w+) does not correspond"
+)
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _raised_by_toolkit(err: BaseException) -> bool:
+    """Whether ``err`` was raised in lightning_fl's own code (its messages name the key and the fix)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
 
 
 def _type_name(annotation: str) -> str:
@@ -41,20 +60,35 @@ def _chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-def one_line(err: BaseException) -> str:
+def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None = None) -> str:
     """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
 
     jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
     the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
-    turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.``
+    turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.`` A library error that
+    the toolkit wrapped in its own message (``raise ValueError(...) from err``) gives the toolkit's message, which
+    names the key and the fix. An unknown key gets the nearest of ``known_keys()`` as a suggestion.
     """
+    message = _most_specific(err)
+    unknown = _UNKNOWN_KEY.search(message)
+    if unknown and known_keys is not None:
+        key = unknown.group(1) or unknown.group(2)
+        close = difflib.get_close_matches(key, list(known_keys()), n=1, cutoff=0.8)
+        if close:
+            suggestion = f"{close[0]!r}" if unknown.group(1) else f"--{close[0]}"  # a YAML key, or an argument
+            message = f"{message.rstrip('.')}; did you mean {suggestion}?"
+    return message
+
+
+def _most_specific(err: BaseException) -> str:
     chain = _chain(err)
     keys: list[str] = []
     for link in chain:
         match = _PARSER_KEY.match(str(link))
         if match and (not keys or keys[-1] != match.group(1)):
             keys.append(match.group(1))
-    last = chain[-1]
+    own = [link for link in chain if _raised_by_toolkit(link)]
+    last = own[-1] if own else chain[-1]
     innermost = " ".join(str(last.args[0] if isinstance(last, KeyError) and last.args else last).split())
     expected = _EXPECTED.search(innermost)
     if keys and expected:
@@ -70,6 +104,10 @@ def one_line(err: BaseException) -> str:
         return message
     if keys:
         return _keyed(".init_args.".join(keys), innermost, chain)
+    union = str(chain[-2]) if len(chain) > 1 and expected else ""
+    refusal = next((line for line in _UNION_REFUSAL.findall(union) if not line.endswith(":")), None)
+    if refusal:  # a class of the union refused its arguments: its message, not the other alternative's
+        return refusal
     return innermost.split(" failed: ", 1)[-1]
 
 
@@ -77,6 +115,11 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
     class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
     option = _NOT_ACCEPTED.search(innermost)
+    if option and "." in option.group(1):  # a key beside class_path, not an option of the class
+        head = option.group(1).split(".")[0]
+        close = difflib.get_close_matches(head, _CLASS_KEYS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        return f"{key}.{head} is not a key of {key}: a class is given by class_path and init_args{hint}"
     if option and class_path:
         name = option.group(1)
         try:
@@ -90,4 +133,18 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
         return innermost
     where = f" (class_path {class_path!r})" if class_path else ""
-    return f"{key}{where}: {innermost}"
+    return f"{key}{where}: {innermost}{_class_hint(innermost)}"
+
+
+def _class_hint(message: str) -> str:
+    """``; did you mean 'pkg.Name'?`` for a class path whose module exists but has no such class."""
+    missing = _MISSING_CLASS.search(message)
+    if not missing:
+        return ""
+    module, name = (missing.group(1), missing.group(2)) if missing.group(1) else (missing.group(3), missing.group(4))
+    try:
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_") and n != name]
+    except ImportError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return f"; did you mean '{module}.{close[0]}'?" if close else ""

@@ -72,6 +72,15 @@ def _common(parser: ArgumentParser) -> None:
         )
 
 
+def _overwrite(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--overwrite",
+        type=bool,
+        default=False,
+        help="Replace the run already in output_dir (the files a run wrote are deleted, other files are kept).",
+    )
+
+
 def _parser(description: str, **kwargs: Any) -> ArgumentParser:
     """A parser that takes keys spelt in full only and prints the short help."""
     return ArgumentParser(description=description, allow_abbrev=False, formatter_class=ShortHelpFormatter, **kwargs)
@@ -85,9 +94,7 @@ def _fit_parser() -> ArgumentParser:
     parser = _parser("Federated training with per-client Lightning Trainers.")
     _common(parser)
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
-    parser.add_argument(
-        "--overwrite", type=bool, default=False, help="Replace the run already in output_dir (it is deleted)."
-    )
+    _overwrite(parser)
     parser.add_class_arguments(
         FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
     )
@@ -96,12 +103,13 @@ def _fit_parser() -> ArgumentParser:
 
 def _attack_parser() -> ArgumentParser:
     from lightning_fl.attacks.base import GradientAttack
-    from lightning_fl.attacks.standalone import run_attack
+    from lightning_fl.attacks.standalone import AttackRun
 
     parser = _parser("One gradient-leakage attack on one batch of a client's data (no rounds).")
     _common(parser)
+    _overwrite(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
-    parser.add_function_arguments(run_attack, "run", skip={"attack", "data", "model", "output_dir", "seed"})
+    parser.add_class_arguments(AttackRun, "run")
     return parser
 
 

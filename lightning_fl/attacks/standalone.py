@@ -12,6 +12,7 @@ import copy
 import fnmatch
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -27,7 +28,7 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.messages import GroundTruth, ServerView
 from lightning_fl.private import public_state
 
-__all__ = ["check_attack_run", "client_view", "run_attack", "view_on"]
+__all__ = ["AttackRun", "check_attack_run", "client_view", "run_attack", "view_on"]
 
 
 def client_view(
@@ -108,60 +109,6 @@ def view_on(view: ServerView, device: str | torch.device) -> ServerView:
     return ServerView(view.leak_point, view.model.to(device), tensors, view.kind, dict(view.metadata))
 
 
-def check_attack_run(
-    attack: GradientAttack,
-    *,
-    data: FederatedDataModule,
-    model: nn.Module,
-    client_id: int = 0,
-    batch_size: int = 1,
-    local_steps: int = 1,
-    local_lr: float = 0.01,
-    device: str = "cpu",
-) -> None:
-    """Check the settings of :func:`run_attack` without running or writing anything (STYLE.md R3).
-
-    Raises:
-        ValueError: naming the ``run.*`` or ``attack.init_args.*`` key: ``client_id`` outside the clients,
-            ``batch_size`` or ``local_steps`` below 1 or beyond the client's images, ``local_lr`` not a finite
-            number > 0, a ``device`` that is malformed or absent, or ``layers`` patterns that match no parameter.
-
-    Example:
-        >>> from lightning_fl.attacks import DLGAttack
-        >>> from lightning_fl.models import LeNetDLG
-        >>> dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
-        >>> check_attack_run(DLGAttack(), data=dm, model=LeNetDLG(1, 10, 16), client_id=5)
-        Traceback (most recent call last):
-        ...
-        ValueError: run.client_id=5 is not a client: data.num_clients=2 gives clients 0..1.
-    """
-    if not 0 <= client_id < data.num_clients:
-        raise ValueError(
-            f"run.client_id={client_id} is not a client: data.num_clients={data.num_clients} gives clients "
-            f"0..{data.num_clients - 1}."
-        )
-    if batch_size < 1 or local_steps < 1:
-        key, value = ("run.batch_size", batch_size) if batch_size < 1 else ("run.local_steps", local_steps)
-        raise ValueError(f"{key}={value} must be >= 1.")
-    images = len(data.client_train_set(client_id))
-    if batch_size * local_steps > images:
-        raise ValueError(
-            f"run.batch_size x run.local_steps = {batch_size * local_steps} exceeds the {images} images of "
-            f"client {client_id}; lower them or use data.num_clients: 1."
-        )
-    if not (math.isfinite(local_lr) and local_lr > 0):
-        raise ValueError(f"run.local_lr={local_lr} must be a finite number > 0 (the client's SGD step size).")
-    _check_device(device)
-    layers = getattr(attack, "layers", None)
-    names = [name for name, _ in model.named_parameters()]
-    unmatched = [p for p in layers or () if not any(fnmatch.fnmatch(name, p) for name in names)]
-    if unmatched:
-        raise ValueError(
-            f"attack.init_args.layers has {unmatched}, which match no parameter of {type(model).__name__}; use "
-            f"fnmatch patterns of its parameter names, e.g. {names[:2]}."
-        )
-
-
 def _check_device(device: str) -> None:
     try:
         where = torch.device(device)
@@ -172,6 +119,88 @@ def _check_device(device: str) -> None:
         raise ValueError(f"run.device={device!r} is not on this machine ({count} CUDA device(s)); use 'cpu'.")
     if where.type not in ("cpu", "cuda", "mps") or (where.type == "mps" and not torch.backends.mps.is_available()):
         raise ValueError(f"run.device={device!r} is not available here; use 'cpu' or 'cuda'.")
+
+
+@dataclass(frozen=True)
+class AttackRun:
+    """How the client that :func:`run_attack` plays draws and trains its batch: the ``run:`` section of
+    ``lightning-fl attack``.
+
+    Args:
+        client_id: whose data the batch is drawn from.
+        batch_size: images per local step B.
+        local_steps: 1 attacks a gradient; T > 1 attacks the update of T local SGD steps (B x T images).
+        local_lr: the client's SGD step size for ``local_steps > 1`` (public metadata of the update).
+        device: where the attack runs, e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``: the server's copy of the model
+            and the intercepted tensors are moved there (the client's computation stays on the CPU); scoring and
+            the image grid use the CPU. Random starts are drawn on the CPU, so a seed gives the same start anywhere.
+
+    Raises:
+        ValueError: naming the ``run.*`` key: ``batch_size`` or ``local_steps`` below 1, ``local_lr`` not a finite
+            number > 0, a ``device`` that is malformed or absent (STYLE.md R3). What depends on the data and the
+            model is checked by :func:`check_attack_run`.
+
+    Example:
+        >>> AttackRun(batch_size=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: run.batch_size=0 must be >= 1.
+    """
+
+    client_id: int = 0
+    batch_size: int = 1
+    local_steps: int = 1
+    local_lr: float = 0.01
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.local_steps < 1:
+            key, value = ("batch_size", self.batch_size) if self.batch_size < 1 else ("local_steps", self.local_steps)
+            raise ValueError(f"run.{key}={value} must be >= 1.")
+        if not (math.isfinite(self.local_lr) and self.local_lr > 0):
+            raise ValueError(f"run.local_lr={self.local_lr} must be a finite number > 0 (the client's SGD step size).")
+        _check_device(self.device)
+
+
+def check_attack_run(
+    attack: GradientAttack, *, data: FederatedDataModule, model: nn.Module, run: AttackRun = AttackRun()
+) -> None:
+    """Check that ``run`` and ``attack`` fit ``data`` and ``model`` without running or writing anything.
+
+    Raises:
+        ValueError: naming the ``run.*`` or ``attack.init_args.*`` key: ``client_id`` outside the clients,
+            ``batch_size`` x ``local_steps`` beyond the client's images, or ``layers`` patterns that match no
+            parameter.
+
+    Example:
+        >>> from lightning_fl.attacks import DLGAttack
+        >>> from lightning_fl.models import LeNetDLG
+        >>> dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+        >>> check_attack_run(DLGAttack(), data=dm, model=LeNetDLG(1, 10, 16), run=AttackRun(client_id=5))
+        Traceback (most recent call last):
+        ...
+        ValueError: run.client_id=5 is not a client: data.num_clients=2 gives clients 0..1.
+    """
+    client_id = run.client_id
+    if not 0 <= client_id < data.num_clients:
+        raise ValueError(
+            f"run.client_id={client_id} is not a client: data.num_clients={data.num_clients} gives clients "
+            f"0..{data.num_clients - 1}."
+        )
+    images = len(data.client_train_set(client_id))
+    if run.batch_size * run.local_steps > images:
+        raise ValueError(
+            f"run.batch_size x run.local_steps = {run.batch_size * run.local_steps} exceeds the {images} images of "
+            f"client {client_id}; lower them or use data.num_clients: 1."
+        )
+    layers = getattr(attack, "layers", None)
+    names = [name for name, _ in model.named_parameters()]
+    unmatched = [p for p in layers or () if not any(fnmatch.fnmatch(name, p) for name in names)]
+    if unmatched:
+        raise ValueError(
+            f"attack.init_args.layers has {unmatched}, which match no parameter of {type(model).__name__}; use "
+            f"fnmatch patterns of its parameter names, e.g. {names[:2]}."
+        )
 
 
 def _batch(client_set: Dataset, chosen: Tensor) -> tuple[Tensor, Tensor, tuple[str, ...] | None]:
@@ -189,29 +218,19 @@ def run_attack(
     *,
     data: FederatedDataModule,
     model: L.LightningModule,
-    client_id: int = 0,
-    batch_size: int = 1,
-    local_steps: int = 1,
-    local_lr: float = 0.01,
+    run: AttackRun = AttackRun(),
     output_dir: str | Path = "runs/attack",
     seed: int = 0,
-    device: str = "cpu",
 ) -> dict[str, object]:
     """Attack one batch of one client's data against ``model`` and write ``summary.json`` and the image grid.
 
     Args:
         attack: the attack to run.
-        data: the dataset (any the foundation supports); the batch comes from client ``client_id``'s share.
+        data: the dataset (any the foundation supports); the batch comes from client ``run.client_id``'s share.
         model: the attacked model, as the server holds it (its current weights are the attacked state).
-        client_id: whose data the batch is drawn from.
-        batch_size: images per local step B.
-        local_steps: 1 attacks a gradient; T > 1 attacks the update of T local SGD steps (B x T images).
-        local_lr: the client's SGD step size for ``local_steps > 1`` (public metadata of the update).
+        run: the attacked client, its batch and local steps, and the attack's device (:class:`AttackRun`).
         output_dir: where ``summary.json`` and ``attacks/*.png`` go.
         seed: seed of the batch choice.
-        device: where the attack runs, e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``: the server's copy of the model
-            and the intercepted tensors are moved there (the client's computation stays on the CPU); scoring and
-            the image grid use the CPU. Random starts are drawn on the CPU, so a seed gives the same start anywhere.
 
     Returns:
         the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
@@ -222,24 +241,22 @@ def run_attack(
     Raises:
         ValueError: see :func:`check_attack_run`.
     """
-    check_attack_run(
-        attack,
-        data=data,
-        model=model,
-        client_id=client_id,
-        batch_size=batch_size,
-        local_steps=local_steps,
-        local_lr=local_lr,
-        device=device,
-    )
-    client_set = data.client_train_set(client_id)
-    chosen = torch.randperm(len(client_set), generator=torch.Generator().manual_seed(seed))[: batch_size * local_steps]
+    check_attack_run(attack, data=data, model=model, run=run)
+    client_set = data.client_train_set(run.client_id)
+    drawn = torch.randperm(len(client_set), generator=torch.Generator().manual_seed(seed))
+    chosen = drawn[: run.batch_size * run.local_steps]
     images, labels, sources = _batch(client_set, chosen)
-    names = list(sources) if sources is not None else [f"client {client_id} image {int(i)}" for i in chosen]
+    names = list(sources) if sources is not None else [f"client {run.client_id} image {int(i)}" for i in chosen]
     view = client_view(
-        model, images, labels, num_classes=data.num_classes, local_steps=local_steps, lr=local_lr, client_id=client_id
+        model,
+        images,
+        labels,
+        num_classes=data.num_classes,
+        local_steps=run.local_steps,
+        lr=run.local_lr,
+        client_id=run.client_id,
     )
-    view = view_on(view, torch.device(device))
+    view = view_on(view, torch.device(run.device))
     reconstruction = attack.reconstruct(view)
     name = getattr(attack, "name", type(attack).__name__)
     output_dir = Path(output_dir)
@@ -249,12 +266,12 @@ def run_attack(
         num_classes=data.num_classes,
         path=output_dir / "attacks" / f"{name}_standalone.png",
         names=names,
-        title=f"{name} on {view.leak_point}, client {client_id}",
+        title=f"{name} on {view.leak_point}, client {run.client_id}",
     )
     entry: dict[str, object] = {
         "attack": name,
         "round": None,
-        "client": client_id,
+        "client": run.client_id,
         "leak_point": view.leak_point,
         **report,
         "attacked": names,

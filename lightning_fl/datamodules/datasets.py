@@ -186,6 +186,19 @@ def _torchvision(name: str, root: str | None, train: bool, download: bool) -> tu
     return images.contiguous(), torch.as_tensor(np.asarray(ds.targets)).long(), len(ds.classes)
 
 
+def _read(folder: Dataset, index: int, path: str) -> Tensor:
+    """Image ``index`` of an ImageFolder at ``path``; a file that is no readable image is named with the fix."""
+    try:
+        return folder[index][0]
+    except OSError as err:  # PIL: not an image, or truncated
+        name = Path(folder.samples[index][0]).relative_to(path)
+        reason = str(err).split(" <_io.")[0]  # PIL appends the open file object
+        raise ValueError(
+            f"data.dataset={path!r} holds {str(name)!r}, which is not a readable image ({reason}); remove or replace "
+            "it."
+        ) from None
+
+
 def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
     from torchvision import datasets, transforms
 
@@ -202,11 +215,11 @@ def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
             f"data.dataset={path!r} has one class sub-folder ({ds.classes[0]!r}); a classifier needs at least 2: "
             "put each class's images in its own sub-folder."
         )
-    sizes = {tuple(ds[i][0].shape) for i in range(min(len(ds), 64))}
+    sizes = {tuple(_read(ds, i, path).shape) for i in range(min(len(ds), 64))}
     if len(sizes) > 1:
         resize = transforms.Compose([transforms.Resize((64, 64)), transforms.PILToTensor()])
         ds = datasets.ImageFolder(path, transform=resize)
-    images = torch.stack([ds[i][0] for i in range(len(ds))])
+    images = torch.stack([_read(ds, i, path) for i in range(len(ds))])
     return images, torch.tensor(ds.targets).long(), len(ds.classes), tuple(p for p, _ in ds.samples)
 
 

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightning_fl.datamodules.datasets import ImageTensorDataset, load_dataset
+from lightning_fl.datamodules.datasets import TORCHVISION_DATASETS, ImageTensorDataset, load_dataset
 from lightning_fl.datamodules.partitioners import PARTITIONERS, PartitionName, dataset_labels, partition
 from lightning_fl.messages import GroundTruth
 
@@ -137,6 +137,7 @@ class FederatedDataModule:
             raise ValueError(f"data.image_size={image_size} must be >= 1 (the resized side length; null keeps it).")
         if partition == "shards" and shards_per_client < 1:
             raise ValueError(f"data.shards_per_client={shards_per_client} must be >= 1.")
+        _check_root(dataset, root, download=download)
         self.dataset = str(dataset) if isinstance(dataset, Path) else dataset
         self.num_clients = num_clients
         self.partition = partition
@@ -356,6 +357,23 @@ class FederatedDataModule:
         ds = self.client_train_set(client_id)
         idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:batch_size]
         return _stack(Subset(ds, idx.tolist()), None)
+
+
+def _check_root(dataset: object, root: str | None, *, download: bool) -> None:
+    """``data.root`` names a folder, unless a torchvision download will create it (STYLE.md R3)."""
+    if root is None or Path(root).is_dir():
+        return
+    if dataset in TORCHVISION_DATASETS:
+        if download:
+            return
+        raise ValueError(
+            f"data.root={root!r} is not a folder and data.download is false: set data.root to the folder that "
+            f"holds the {dataset!r} files, or data.download: true."
+        )
+    raise ValueError(
+        f"data.root={root!r} is not a folder, and data.dataset={str(dataset)!r} does not read it (only the "
+        f"torchvision datasets {', '.join(TORCHVISION_DATASETS)} do): drop data.root, or fix the path."
+    )
 
 
 def _stack(dataset: Dataset, max_items: int | None) -> tuple[Tensor, Tensor]:

@@ -38,10 +38,36 @@ from lightning_fl.private import load_state_into, public_state
 if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
 
-__all__ = ["Checkpoint", "RunParts", "atomic_write", "fingerprint_changes", "held_signals"]
+__all__ = ["FORMAT", "Checkpoint", "RunParts", "atomic_write", "check_format", "fingerprint_changes", "held_signals"]
 
-FORMAT = 1
-"""Version of the manifest layout."""
+FORMAT = 2
+"""Version of what a run directory stores: the manifest's layout, its fingerprint's keys and the server file's
+entries. A change to any of them bumps it, and a directory of another version is refused on resume with one line
+(:func:`check_format`), never resumed wrongly. 2: the fingerprint holds every plug-in's settings, the server file
+the run's privacy description."""
+
+
+def check_format(manifest: Mapping[str, Any], path: Path) -> None:
+    """Refuse a manifest that another version of lightning-fl wrote (:data:`FORMAT`), naming the way out.
+
+    Raises:
+        ValueError: when ``manifest["format"]`` is a version other than :data:`FORMAT`.
+
+    Example:
+        >>> check_format({"format": 1}, Path("run/manifest.json"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: 'run/manifest.json' was written in format 1 by an older lightning-fl; this version stores ...
+    """
+    found = manifest.get("format")
+    if found == FORMAT or not isinstance(found, int):
+        return
+    age = "an older" if found < FORMAT else "a newer"
+    raise ValueError(
+        f"{str(path)!r} was written in format {found} by {age} lightning-fl; this version stores format {FORMAT} "
+        "and cannot resume it: run it again with another --output_dir (or --overwrite true), or resume it with "
+        "the version that wrote it."
+    )
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -170,21 +196,30 @@ class Checkpoint:
         """The manifest of the last committed round, or ``None`` when there is none.
 
         Raises:
-            ValueError: if the manifest exists but is not one lightning-fl wrote.
+            ValueError: if the manifest exists but is not one lightning-fl wrote, or another version wrote it
+                (:func:`check_format`).
         """
         if not self.manifest_path.exists():
             return None
         try:
             manifest = json.loads(self.manifest_path.read_text())
-            if manifest.get("format") != FORMAT or not {"round_idx", "server", "clients"} <= set(manifest):
+            version = manifest.get("format")
+        except (ValueError, AttributeError) as err:
+            raise self._not_a_manifest(err) from None
+        check_format(manifest, self.manifest_path)
+        try:
+            if version != FORMAT or not {"round_idx", "server", "clients"} <= set(manifest):
                 raise ValueError("unknown layout")
             check_manifest_layout(manifest)
-        except (ValueError, AttributeError) as err:
-            raise ValueError(
-                f"{str(self.manifest_path)!r} is not a lightning-fl checkpoint manifest ({err}); "
-                "delete it or choose another output_dir."
-            ) from None
+        except ValueError as err:
+            raise self._not_a_manifest(err) from None
         return manifest
+
+    def _not_a_manifest(self, reason: Exception) -> ValueError:
+        return ValueError(
+            f"{str(self.manifest_path)!r} is not a lightning-fl checkpoint manifest ({reason}); "
+            "delete it or choose another output_dir."
+        )
 
     # -- writing ---------------------------------------------------------------------------------------
     def save_run(self, parts: RunParts, *, round_idx: int, touched: Iterable[int]) -> None:
@@ -281,17 +316,37 @@ class Checkpoint:
             self._read(entry)  # every digest, before anything is restored
         return manifest
 
-    def _read(self, entry: Mapping[str, str]) -> Any:
+    def check_committed(self) -> list[Path]:
+        """Every file the manifest names, after checking that each exists and matches its digest; nothing is
+        unpickled (a truncated or changed file is named before any loader sees it).
+
+        Raises:
+            ValueError: naming the first file that is missing or differs from its digest.
+        """
+        manifest = self.read_manifest()
+        entries = _entries(manifest) if manifest else []
+        for entry in entries:
+            self._verified(entry)
+        return [self.output_dir / e["path"] for e in entries]
+
+    def _verified(self, entry: Mapping[str, str]) -> bytes:
         path = self.output_dir / entry["path"]
         if not path.exists():
-            raise ValueError(f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume.")
+            raise ValueError(
+                f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume: put the file "
+                f"back, or start the run again with another --output_dir (or --overwrite true)."
+            )
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(
-                f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed after it was "
-                "committed); the run cannot resume."
+                f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed or truncated after it "
+                "was committed); the run cannot resume: put the committed file back, or start the run again with "
+                "another --output_dir (or --overwrite true)."
             )
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return data
+
+    def _read(self, entry: Mapping[str, str]) -> Any:
+        return torch.load(io.BytesIO(self._verified(entry)), map_location="cpu", weights_only=True)
 
     def load_client(self, client_id: int, manifest: Mapping[str, Any] | None = None) -> ClientState:
         """The committed client-side state of ``client_id`` (client storage: private layers, keys).

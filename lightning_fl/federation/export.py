@@ -53,7 +53,10 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist; lightning-fl fit writes {GLOBAL_MODEL_FILE}.")
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(
+            f"ckpt_path={str(path)!r} {what}; pass the {GLOBAL_MODEL_FILE} that lightning-fl fit writes."
+        )
     try:
         state = load_file(str(path))
     except SafetensorError as err:

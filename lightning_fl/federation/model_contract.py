@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor
 
-__all__ = ["check_model", "check_train_loss_key", "split_batch"]
+__all__ = ["check_model", "check_model_takes_inputs", "check_train_loss_key", "split_batch"]
 
 
 def check_model(model: object) -> None:
@@ -69,6 +70,29 @@ def check_train_loss_key(
             f"loop.train_loss_key={key!r} was not logged by {type(model).__name__}.training_step; logged: {logged}. "
             f"HINT: set loop.train_loss_key to the loss's name or log it with self.log({key!r}, loss)."
         )
+
+
+def check_model_takes_inputs(model: L.LightningModule, loader: Iterable[Any]) -> None:
+    """Run a copy of ``model`` (eval mode, no gradients) on the inputs of one batch of ``loader``, so a model built
+    for other inputs than the data's (image size, channels) fails before training with the shape and the fix. A
+    model without ``forward`` (it trains through ``training_step`` alone) is left alone.
+
+    Raises:
+        ValueError: naming the model, the inputs' shape, the error and the fix.
+    """
+    inputs, _ = split_batch(model, next(iter(loader)))
+    try:
+        with torch.no_grad():
+            copy.deepcopy(model).eval()(inputs)
+    except NotImplementedError:
+        return
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())[:200]
+        raise ValueError(
+            f"model {type(model).__name__} does not take the data's inputs of shape {tuple(inputs.shape)} "
+            f"({reason}); set data.image_size / data.channels to what the model expects, or build the model for "
+            "those inputs."
+        ) from None
 
 
 def split_batch(model: Any, batch: Any) -> tuple[Tensor, Tensor]:

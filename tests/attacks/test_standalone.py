@@ -18,7 +18,7 @@ from lightning_fl.attacks import (
     infer_labels,
 )
 from lightning_fl.attacks.base import GradientAttack
-from lightning_fl.attacks.standalone import client_view, run_attack, view_on
+from lightning_fl.attacks.standalone import AttackRun, client_view, run_attack, view_on
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.messages import ServerView
@@ -37,7 +37,7 @@ def test_run_attack_writes_summary_and_grid(tmp_path: Path) -> None:
         IDLGAttack(max_iterations=5, progress_bar=False),
         data=dm,
         model=make_classifier(dm),
-        batch_size=2,
+        run=AttackRun(batch_size=2),
         output_dir=tmp_path,
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -51,7 +51,7 @@ def test_run_attack_takes_its_batch_from_a_user_datamodule(tmp_path: Path) -> No
     dm = FederatedDataModule(DigitsDataModule(batch_size=8), num_clients=2, partition="iid")
     torch.manual_seed(0)
     attack = DLGAttack(max_iterations=5, progress_bar=False)
-    entry = run_attack(attack, data=dm, model=DigitsNet(), batch_size=2, output_dir=tmp_path)
+    entry = run_attack(attack, data=dm, model=DigitsNet(), run=AttackRun(batch_size=2), output_dir=tmp_path)
     assert entry["num_images"] == 2 and len(entry["attacked"]) == 2
     assert all(name.startswith("client 0 image ") for name in entry["attacked"])
     assert 0 <= entry["label_accuracy"] <= 1 and Path(entry["image"]).is_file()
@@ -135,9 +135,9 @@ def test_run_attack_on_an_explicit_device_matches_the_default(tmp_path: Path) ->
     entries = []
     for device in (None, "cpu"):
         torch.manual_seed(0)
-        options = {} if device is None else {"device": device}
+        run = AttackRun() if device is None else AttackRun(device=device)
         attack = IDLGAttack(max_iterations=5, progress_bar=False)
-        entries.append(run_attack(attack, data=dm, model=make_classifier(dm), output_dir=tmp_path, **options))
+        entries.append(run_attack(attack, data=dm, model=make_classifier(dm), run=run, output_dir=tmp_path))
     assert entries[0]["mse"] == entries[1]["mse"] and entries[0]["psnr"] > 0
 
 

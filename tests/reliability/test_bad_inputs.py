@@ -95,6 +95,36 @@ FIT_CASES = {
         ["--loop.workers", "2", "--loop.callbacks", f"[{LEAKAGE % 'leak_point: local_gradient'}]"],
         "loop.workers=2 (backend 'processes', 1 DDP process(es)) cannot tap local gradients",
     ),
+    "negative clients per round": (["--loop.clients_per_round", "-2"], "loop.clients_per_round=-2 must be >= 1"),
+    "misspelt key on the command line": (["--data.alpah", "3"], "--data.alpah 3; did you mean --data.alpha?"),
+    "data.root missing for an embedded dataset": (
+        ["--data.root", "/no/such/root"],
+        "data.root='/no/such/root' is not a folder, and data.dataset='digits' does not read it",
+    ),
+    "data.root missing without download": (
+        ["--data.root", "/no/such/root", "--data.dataset", "mnist", "--data.download", "false"],
+        "data.root='/no/such/root' is not a folder and data.download is false",
+    ),
+    "misspelt model class": (
+        ["--model.class_path", "lightning_fl.models.ImageClasifier"],
+        "has no attribute 'ImageClasifier'; did you mean 'lightning_fl.models.ImageClassifier'?",
+    ),
+    "a layer given as a defence": (
+        ["--defences", "[{class_path: lightning_fl.defences.KeyLock}]"],
+        "KeyLock does not correspond to a subclass of Defence; did you mean 'lightning_fl.defences.KeyLocks'?",
+    ),
+    "a schedule a class refuses, inside a union": (
+        [
+            "--defences",
+            "[{class_path: lightning_fl.defences.FedCDP, init_args: {max_grad_norm: {class_path: "
+            "lightning_fl.privacy.Schedule, init_args: {start: 6, end: -2, kind: linear, num_rounds: 10}}}}]",
+        ],
+        "Schedule(start=6.0, end=-2.0) must be > 0 (a clip bound or noise multiplier).",
+    ),
+    "a user model built for other images": (
+        ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}", "--data.image_size", "16"],
+        "model DigitsNet does not take the data's inputs of shape (32, 1, 16, 16) (mat1 and mat2 shapes",
+    ),
     "more CPU devices than exist": (
         ["--loop.trainer", "{accelerator: cpu, strategy: ddp, devices: 100000}"],
         "loop.trainer.devices=100000 asks for 100000 processes on this machine",
@@ -138,12 +168,41 @@ def test_fit_rejects_an_output_dir_it_cannot_create(tmp_path, capsys, setup, mes
     assert f"output_dir={str(target)!r}" in line and message in line
 
 
-def test_yaml_config_with_an_unknown_key_is_rejected(tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("right", "wrong", "message"),
+    [
+        ("num_rounds: 25", "num_round: 2", "does not accept option 'loop.num_round'; did you mean 'loop.num_rounds'?"),
+        ("  alpha: 0.5", "  alpah: 0.5", "does not accept option 'data.alpah'; did you mean 'data.alpha'?"),
+        ("backbone: lenet_dlg", "backbon: lenet_dlg", "model.init_args.backbon is not an option of"),
+        ("accelerator: cpu", "acelerator: cpu", "loop.trainer.acelerator is not an option"),
+        ("  init_args:", "  init_arg:", "model.init_arg is not a key of model: a class is given by class_path and"),
+    ],
+    ids=["loop key", "data key", "model option", "trainer option", "init_args"],
+)
+def test_a_hand_written_yaml_with_a_misspelt_key_is_named_with_the_fix(tmp_path, capsys, right, wrong, message):
     config = tmp_path / "bad.yaml"
-    config.write_text(QUICKSTART.read_text().replace("num_rounds: 25", "num_round: 2"))
+    assert right in QUICKSTART.read_text()
+    config.write_text(QUICKSTART.read_text().replace(right, wrong))
     rc = main(["fit", "-c", str(config), "--output_dir", str(tmp_path / "run")])
     assert rc == 2
-    assert "'loop.num_round'" in one_error_line(capsys.readouterr().err)
+    assert message in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(lambda png: png[:30], "cannot identify image file"), (lambda png: b"notes, not an image", "cannot identify")],
+    ids=["truncated", "not an image"],
+)
+def test_an_image_folder_with_a_corrupt_image_names_the_file(tmp_path, capsys, content, reason: str) -> None:
+    _image_folder(tmp_path / "photos", ("cat", "dog"))
+    bad = tmp_path / "photos" / "dog" / "bad.png"
+    bad.write_bytes(content((tmp_path / "photos" / "dog" / "0.png").read_bytes()))
+    args = ["--data.dataset", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "run")]
+    assert main(["fit", "-c", str(QUICKSTART), *args, "--data.num_clients", "2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "holds 'dog/bad.png', which is not a readable image (" + reason in line and "remove or replace it" in line
+    assert "<_io." not in line
     assert not (tmp_path / "run").exists()
 
 
@@ -163,6 +222,10 @@ def test_yaml_config_with_an_unknown_key_is_rejected(tmp_path, capsys) -> None:
         (["--run.local_lr", ".nan"], "run.local_lr=nan must be a finite number > 0"),
         (["--run.local_lr", "-1"], "run.local_lr=-1.0 must be a finite number > 0"),
         (["--attack.init_args.layers", "[nope.*]"], "attack.init_args.layers has ['nope.*'], which match no parameter"),
+        (
+            ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}"],
+            "model DigitsNet does not take the data's inputs of shape (32, 1, 32, 32)",
+        ),
     ],
 )
 def test_attack_rejects_bad_input_with_one_line_before_writing(tmp_path, capsys, args: list[str], message: str) -> None:
@@ -192,12 +255,19 @@ def test_a_config_file_that_is_no_mapping_is_named_with_the_fix(tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
-def test_an_image_folder_of_one_class_is_refused_with_the_fix(tmp_path, capsys) -> None:
+def _image_folder(root, classes: tuple[str, ...]):
+    """``root`` in ImageFolder layout: four small grey images per class."""
     from PIL import Image
 
-    (tmp_path / "photos" / "cat").mkdir(parents=True)
-    for i in range(4):
-        Image.new("L", (8, 8), color=40 * i).save(tmp_path / "photos" / "cat" / f"{i}.png")
+    for label in classes:
+        (root / label).mkdir(parents=True)
+        for i in range(4):
+            Image.new("L", (8, 8), color=40 * i).save(root / label / f"{i}.png")
+    return root
+
+
+def test_an_image_folder_of_one_class_is_refused_with_the_fix(tmp_path, capsys) -> None:
+    _image_folder(tmp_path / "photos", ("cat",))
     args = ["--data.dataset", str(tmp_path / "photos"), "--output_dir", str(tmp_path / "run")]
     assert main(["fit", "-c", str(QUICKSTART), *args]) == 2
     line = one_error_line(capsys.readouterr().err)
@@ -212,3 +282,24 @@ def test_test_refuses_a_checkpoint_that_is_not_safetensors(tmp_path, capsys) -> 
     assert main(["test", "-c", str(QUICKSTART), *args]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert f"ckpt_path={str(ckpt)!r} is not a safetensors file" in line and "global_model.safetensors" in line
+
+
+def test_a_library_error_the_toolkit_wrapped_gives_the_toolkit_message(tmp_path, capsys) -> None:
+    """torchvision's own "Dataset not found" names no key; the toolkit's message around it names key and fix."""
+    args = ["--data.dataset", "mnist", "--data.root", str(tmp_path), "--data.download", "false"]
+    assert main(["fit", "-c", str(QUICKSTART), "--output_dir", str(tmp_path / "run"), *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"data.dataset='mnist' could not be loaded from data.root={str(tmp_path)!r}" in line
+    assert "place the torchvision files for 'mnist' under data.root" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["missing", "a folder"])
+def test_test_names_a_ckpt_path_that_is_no_file(tmp_path, capsys, where: str) -> None:
+    ckpt = tmp_path / "run" if where == "a folder" else tmp_path / "none.safetensors"
+    (tmp_path / "run").mkdir()
+    assert main(["test", "-c", str(QUICKSTART), "--ckpt_path", str(ckpt), "--output_dir", str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    reason = "is a folder, not a file" if where == "a folder" else "does not exist"
+    assert f"ckpt_path={str(ckpt)!r} {reason}; pass the global_model.safetensors" in line
+    assert not (tmp_path / "out").exists()

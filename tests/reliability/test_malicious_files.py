@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 
 import pytest
@@ -57,8 +59,9 @@ def test_lpips_uses_plain_hub_weights_read_safely(hub_dir) -> None:
     assert same.shape == (2,) and same.abs().max() < 1e-6 and (different > 0).all()
 
 
+@pytest.mark.parametrize("digest_updated", [False, True], ids=["planted", "planted with its digest"])
 @pytest.mark.parametrize("slot", ["server", "client"])
-def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, slot: str) -> None:
+def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, slot: str, digest_updated: bool) -> None:
     run = tmp_path / "run"
     key_lock = ["--defences", "[{class_path: lightning_fl.defences.KeyLocks, init_args: {key_length: 8}}]"]
     base = ["fit", "--config", str(QUICKSTART), "--output_dir", str(run), *FAST, *key_lock]  # with client storage
@@ -69,10 +72,18 @@ def test_resume_refuses_a_pickled_payload_checkpoint(tmp_path, capsys, slot: str
     where = str(path.relative_to(run))
     marker = tmp_path / "payload_ran"
     torch.save({"state": Payload(marker)}, path)
+    if digest_updated:  # someone who can write the run directory rewrites the manifest's digest too
+        manifest = json.loads(checkpoint.manifest_path.read_text())
+        entries = [manifest["server"], *manifest["clients"].values()]
+        next(e for e in entries if e["path"] == where)["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        checkpoint.manifest_path.write_text(json.dumps(manifest))
     capsys.readouterr()
     assert main([*base, "--resume", "true"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert where in line and "weights_only=True" in line and "was not run" in line
+    if digest_updated:
+        assert where in line and "weights_only=True" in line and "was not run" in line
+    else:  # the digest check names it before any unpickler sees it
+        assert where in line and "does not match the SHA-256 in the manifest" in line
     assert not marker.exists()
 
 

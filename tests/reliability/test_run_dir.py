@@ -1,19 +1,23 @@
-"""A run directory is never overwritten without ``--overwrite true`` or ``--resume true``, and of several starts on
-one directory only one writes: the others exit with 2 and write nothing, not even ``config.yaml``."""
+"""A run directory is never overwritten without ``--overwrite true`` or ``--resume true`` (``fit``) or
+``--overwrite true`` (``attack``), ``--overwrite true`` deletes only what a run wrote, a run of another format is
+never resumed, and of several starts on one directory only one writes: the others exit with 2 and write nothing,
+not even ``config.yaml``."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from lightning_fl.cli import main
+from lightning_fl.federation.checkpoint import FORMAT
 from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.run_dir import check_run_dir
-from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
+from lightning_fl.federation.run_dir import check_run_dir, clear_run_dir
+from tests.reliability.helpers import CONFIGS, FAST, QUICKSTART, one_error_line
 
 
 def _fit(output_dir, *extra: str) -> list[str]:
@@ -36,6 +40,13 @@ def _files(run) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
+def _copy(run, to):
+    for name, data in _files(run).items():
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        (to / name).write_bytes(data)
+    return to
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 2-round run."""
@@ -54,10 +65,7 @@ def test_fit_into_a_finished_run_is_refused_and_leaves_it_as_it_was(finished, ca
 
 
 def test_overwrite_replaces_the_run_and_deletes_its_files(finished, tmp_path) -> None:
-    run = tmp_path / "run"
-    for name, data in _files(finished).items():
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_bytes(data)
+    run = _copy(finished, tmp_path / "run")
     assert main(_fit(run, "--overwrite", "true")) == 0
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
     assert json.loads((run / "manifest.json").read_text())["round_idx"] == 1
@@ -107,3 +115,106 @@ def test_a_start_that_gets_the_lock_after_the_winner_finished_refuses(finished, 
     assert main(_fit(run)) == 2
     assert "holds a run" in one_error_line(capsys.readouterr().err)
     assert sorted(p.name for p in run.iterdir()) == ["summary.json"]
+
+
+def _attack(output_dir, *extra: str) -> list[str]:
+    fast = ["--data.image_size", "16", "--attack.init_args.max_iterations", "2", "--attack.init_args.restarts", "1"]
+    return ["attack", "-c", str(CONFIGS / "dlg_lenet_digits.yaml"), "--output_dir", str(output_dir), *fast, *extra]
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """A finished standalone attack run."""
+    run = tmp_path_factory.mktemp("attacked") / "run"
+    assert main(_attack(run)) == 0
+    return run
+
+
+@pytest.mark.parametrize("which", ["attack run", "fit run"])
+def test_attack_into_a_run_is_refused_and_leaves_it_as_it_was(attacked, finished, capsys, which: str) -> None:
+    run = attacked if which == "attack run" else finished
+    before = _files(run)
+    capsys.readouterr()
+    assert main(_attack(run, "--seed_everything", "3")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"output_dir={str(run)!r} holds a run; use another --output_dir, or --overwrite true" in line
+    assert "--resume" not in line  # attack cannot resume
+    assert _files(run) == before
+
+
+def test_attack_overwrite_replaces_the_attack_run(attacked, tmp_path) -> None:
+    run = _copy(attacked, tmp_path / "run")
+    assert main(_attack(run, "--overwrite", "true", "--seed_everything", "3")) == 0
+    assert "seed_everything: 3" in (run / "config.yaml").read_text()
+    assert "overwrite: false" in (run / "config.yaml").read_text()
+    assert json.loads((run / "summary.json").read_text()) != json.loads((attacked / "summary.json").read_text())
+    assert not (run / ".lightning-fl.lock").exists()
+
+
+def test_overwrite_deletes_only_what_a_run_wrote_and_names_the_files_it_kept(finished, tmp_path) -> None:
+    run = _copy(finished, tmp_path / "run")
+    (run / "notes.txt").write_text("my notes")
+    (run / "checkpoints" / "mine.ckpt").write_text("another tool's checkpoint")
+    (run / "plots").mkdir()
+    (run / "plots" / "figure.pdf").write_text("a figure")
+    stale = run / "checkpoints" / "server_r00009.pt"
+    stale.write_text("a checkpoint of the replaced run")
+    kept = "kept 3 file(s) no run wrote: checkpoints/mine.ckpt, notes.txt, plots/figure.pdf"
+    with pytest.warns(UserWarning, match=re.escape(kept)):
+        assert main(_fit(run, "--overwrite", "true")) == 0
+    assert (run / "notes.txt").read_text() == "my notes"
+    assert (run / "checkpoints" / "mine.ckpt").exists() and (run / "plots" / "figure.pdf").exists()
+    assert not stale.exists()
+    assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
+
+
+def test_overwrite_of_a_run_without_foreign_files_leaves_none_behind(finished, tmp_path) -> None:
+    run = _copy(finished, tmp_path / "run")
+    clear_run_dir(run, keep=run / ".lightning-fl.lock")
+    assert list(run.iterdir()) == []
+
+
+def _old_format(finished, tmp_path, version: int):
+    run = _copy(finished, tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["format"] = version
+    if version < FORMAT:  # format 1 stored plug-in classes, not their settings
+        manifest["fingerprint"] = {k: v for k, v in manifest["fingerprint"].items() if not k.startswith("loop.")}
+        manifest["fingerprint"]["loop.callbacks"] = []
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run
+
+
+def _resume_refused(run, capsys) -> str:
+    """The one error line of ``fit --resume true`` into ``run``, which must exit 2 and leave ``run`` as it was."""
+    before = _files(run)
+    capsys.readouterr()
+    assert main(_fit(run, "--resume", "true", "--loop.num_rounds", "3")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert _files(run) == before
+    return line
+
+
+@pytest.mark.parametrize(("version", "age"), [(1, "an older"), (FORMAT + 1, "a newer")])
+def test_resume_of_a_run_of_another_format_is_refused_with_one_line(finished, tmp_path, capsys, version, age) -> None:
+    line = _resume_refused(_old_format(finished, tmp_path, version), capsys)
+    assert f"manifest.json' was written in format {version} by {age} lightning-fl" in line
+    assert "another --output_dir (or --overwrite true)" in line
+
+
+def test_fit_into_a_run_of_another_format_does_not_offer_resume(finished, tmp_path, capsys) -> None:
+    run = _old_format(finished, tmp_path, 1)
+    capsys.readouterr()
+    assert main(_fit(run)) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "it cannot be resumed (its manifest.json is of another lightning-fl version or damaged)" in line
+    assert "use --resume true" not in line and "--overwrite true" in line
+
+
+def test_resume_with_a_truncated_committed_checkpoint_names_it_and_writes_nothing(finished, tmp_path, capsys):
+    run = _copy(finished, tmp_path / "run")
+    path = run / json.loads((run / "manifest.json").read_text())["server"]["path"]
+    path.write_bytes(path.read_bytes()[:100])
+    line = _resume_refused(run, capsys)
+    assert f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed or truncated" in line
+    assert "another --output_dir (or --overwrite true)" in line

@@ -54,3 +54,23 @@ def test_a_read_only_output_dir_is_rejected(tmp_path) -> None:
             check_output_dir(tmp_path / "run")
     finally:
         tmp_path.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("options", "rule"),
+    [
+        ({"clipping": "per_example"}, "(clipping='per_example') is unknown; use 'flat' or 'per_layer'."),
+        ({"noise_scaling": "paper"}, "(noise_scaling='paper') is unknown; use 'per_batch' (one noise draw per batch"),
+        ({"accounting_noise": "x"}, "(accounting_noise='x') is unknown; use 'nominal' or 'effective'."),
+        ({"sampling": "uniform"}, "(sampling='uniform') is unknown; use 'poisson' (what the accountant assumes)"),
+        ({"delta": 1.0}, "(delta=1.0) must be in (0, 1); 1/n for n training samples is usual."),
+        ({"noise_multiplier": -1.0}, "(noise_multiplier=-1.0) must be a finite number >= 0."),
+    ],
+)
+@pytest.mark.parametrize("owner", ["PerExampleDP", "ClientDPSGD"])
+def test_dp_sgd_arguments_are_checked_once_and_named_after_the_class_given_them(owner, options, rule) -> None:
+    from lightning_fl.defences import dp
+
+    with pytest.raises(ValueError) as err:
+        getattr(dp, owner)(**options)
+    assert str(err.value).startswith(owner + rule)

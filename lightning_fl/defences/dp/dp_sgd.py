@@ -11,7 +11,7 @@ References:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import lightning as L
 import numpy as np
@@ -40,10 +40,62 @@ from lightning_fl.validation import check_non_negative, check_positive
 if TYPE_CHECKING:
     from lightning_fl.federation.leak_points import GradientRelease
 
-__all__ = ["AccountingNoise", "PerExampleDP", "Sampling"]
+__all__ = ["AccountingNoise", "PerExampleDP", "Sampling", "check_dp_sgd_options"]
 
 AccountingNoise = Literal["nominal", "effective"]
 Sampling = Literal["poisson", "shuffled_batches"]
+
+_CHOICES: dict[str, tuple[Any, str]] = {
+    "clipping": (Clipping, "use 'flat' or 'per_layer'"),
+    "noise_scaling": (
+        NoiseScaling,
+        "use 'per_batch' (one noise draw per batch, DP-SGD) or 'per_example' (one per example, Fed-CDP Alg. 2)",
+    ),
+    "accounting_noise": (AccountingNoise, "use 'nominal' or 'effective'"),
+    "sampling": (
+        Sampling,
+        "use 'poisson' (what the accountant assumes) or 'shuffled_batches' (the loader's fixed-size batches)",
+    ),
+}
+"""Per option of :class:`PerExampleDP` with a fixed set of values: its type (a ``Literal``) and the fix a message
+gives."""
+
+
+def check_dp_sgd_options(
+    owner: str,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    clipping: str,
+    noise_scaling: str,
+    delta: float,
+    accounting_noise: str,
+    sampling: str,
+) -> None:
+    """Check the DP-SGD arguments of :class:`PerExampleDP` and of the defences that run it (STYLE.md R3).
+
+    ``owner`` is the class the arguments were given to, named in the message; the other arguments are
+    :class:`PerExampleDP`'s (``max_grad_norm`` of the first round, for a schedule).
+
+    Raises:
+        ValueError: ``<owner>(<name>=<value>)`` with the rule and the allowed values.
+
+    Example:
+        >>> check_dp_sgd_options("FedCDP", noise_multiplier=6.0, max_grad_norm=4.0, clipping="per_layer",
+        ...     noise_scaling="per_batch", delta=0.0, accounting_noise="nominal", sampling="poisson")
+        Traceback (most recent call last):
+        ...
+        ValueError: FedCDP(delta=0.0) must be in (0, 1); 1/n for n training samples is usual.
+    """
+    check_non_negative(noise_multiplier, owner=owner, name="noise_multiplier")
+    check_positive(max_grad_norm, owner=owner, name="max_grad_norm", hint="; it is the clip bound C")
+    if not 0 < delta < 1:
+        raise ValueError(f"{owner}(delta={delta}) must be in (0, 1); 1/n for n training samples is usual.")
+    chosen = {"clipping": clipping, "noise_scaling": noise_scaling, "accounting_noise": accounting_noise}
+    for name, value in {**chosen, "sampling": sampling}.items():
+        allowed, hint = _CHOICES[name]
+        if value not in get_args(allowed):
+            raise ValueError(f"{owner}({name}={value!r}) is unknown; {hint}.")
 
 
 class PerExampleDP(L.Callback):
@@ -127,26 +179,16 @@ class PerExampleDP(L.Callback):
         sampling: Sampling = "poisson",
         seed: int | None = None,
     ) -> None:
-        check_non_negative(noise_multiplier, owner="PerExampleDP", name="noise_multiplier")
-        check_positive(max_grad_norm, owner="PerExampleDP", name="max_grad_norm", hint="; it is the clip bound C")
-        if clipping not in ("per_layer", "flat"):
-            raise ValueError(f"PerExampleDP(clipping={clipping!r}) is unknown; use 'flat' or 'per_layer'.")
-        if noise_scaling not in ("per_batch", "per_example"):
-            raise ValueError(
-                f"PerExampleDP(noise_scaling={noise_scaling!r}) is unknown; use 'per_batch' (one noise draw per "
-                "batch, DP-SGD) or 'per_example' (one per example, Fed-CDP Alg. 2)."
-            )
-        if not 0 < delta < 1:
-            raise ValueError(f"PerExampleDP(delta={delta}) must be in (0, 1); 1/n for n training samples is usual.")
-        if accounting_noise not in ("nominal", "effective"):
-            raise ValueError(
-                f"PerExampleDP(accounting_noise={accounting_noise!r}) is unknown; use 'nominal' or 'effective'."
-            )
-        if sampling not in ("poisson", "shuffled_batches"):
-            raise ValueError(
-                f"PerExampleDP(sampling={sampling!r}) is unknown; use 'poisson' (what the accountant assumes) or "
-                "'shuffled_batches' (the loader's fixed-size batches)."
-            )
+        check_dp_sgd_options(
+            "PerExampleDP",
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            clipping=clipping,
+            noise_scaling=noise_scaling,
+            delta=delta,
+            accounting_noise=accounting_noise,
+            sampling=sampling,
+        )
         self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
         self.sampling = sampling
         self.clipping, self.noise_scaling, self.accounting_noise = clipping, noise_scaling, accounting_noise

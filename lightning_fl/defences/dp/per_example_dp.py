@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.defences.dp.dp_sgd import AccountingNoise, PerExampleDP, Sampling
+from lightning_fl.defences.dp.dp_sgd import AccountingNoise, PerExampleDP, Sampling, check_dp_sgd_options
 from lightning_fl.defences.dp.opacus_hooks import Clipping, NoiseScaling, opacus_noise_multiplier
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant, PrivacyLedger
@@ -97,22 +97,20 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             raise ValueError(
                 f"{type(self).__name__}(accounting={accounting!r}) is unknown; use 'per_client' or 'federation'."
             )
-        if not 0 < delta < 1:
-            raise ValueError(f"{type(self).__name__}(delta={delta}) must be in (0, 1).")
         if steps_offset < 0:
             raise ValueError(f"{type(self).__name__}(steps_offset={steps_offset}) must be >= 0.")
         self.clip_schedule = max_grad_norm if isinstance(max_grad_norm, Schedule) else Schedule(float(max_grad_norm))
-        self.dp = PerExampleDP(
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=self.clip_schedule(0),
-            clipping=clipping,
-            noise_scaling=noise_scaling,
-            delta=delta,
-            accountant=accountant,
-            conversion=conversion,
-            accounting_noise=accounting_noise,
-            sampling=sampling,
-        )
+        dp_sgd = {
+            "noise_multiplier": noise_multiplier,
+            "max_grad_norm": self.clip_schedule(0),
+            "clipping": clipping,
+            "noise_scaling": noise_scaling,
+            "delta": delta,
+            "accounting_noise": accounting_noise,
+            "sampling": sampling,
+        }
+        check_dp_sgd_options(type(self).__name__, **dp_sgd)  # named after this class, not PerExampleDP
+        self.dp = PerExampleDP(**dp_sgd, accountant=accountant, conversion=conversion)
         self.delta, self.accounting, self.steps_offset = delta, accounting, steps_offset
         self.accountant_name, self.conversion = accountant, conversion
         self.federation_accountant = self._new_accountant()
