@@ -231,3 +231,31 @@ def test_cli_rejects_unknown_vectorize_value(tmp_path: Path, capsys) -> None:
     assert rc == 2
     assert "loop.vectorize='sometimes' is invalid" in capsys.readouterr().err
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_resume_with_another_vectorize_setting_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    fast = [
+        "--data.image_size",
+        "16",
+        "--loop.local_steps",
+        "1",
+        "--loop.eval_every",
+        "0",
+        "--loop.progress_bar",
+        "false",
+    ]
+
+    def fit(rounds: str, vectorize: str, *extra: str) -> int:
+        run = ["--loop.num_rounds", rounds, "--loop.vectorize", vectorize, *extra]
+        return main(["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), *fast, *run])
+
+    assert fit("1", "false") == 0
+    manifest = (tmp_path / "manifest.json").read_bytes()
+    capsys.readouterr()
+    assert fit("2", "true", "--resume", "true") == 2
+    assert "loop.vectorize: False there, True now" in capsys.readouterr().err
+    assert (tmp_path / "manifest.json").read_bytes() == manifest  # the run is untouched
+    assert fit("2", "false", "--resume", "true") == 0  # the same setting resumes
