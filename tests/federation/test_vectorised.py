@@ -14,6 +14,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PrivateSplit
 from lightning_fl.federation.vectorised_contract import use_vectorised, vectorised_refusal
+from lightning_fl.federation.vectorised_fit import StackedConv2d, StackedLinear
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from tests.conftest import make_classifier
 from tests.federation.user_model import UserNet
@@ -101,6 +102,31 @@ def test_vectorised_fit_keeps_private_layers_per_client(tmp_path: Path) -> None:
         for key, value in states_s[k].private.items():
             torch.testing.assert_close(states_v[k].private[key], value, **TOLERANCE)
     assert all(not set(u.delta) & set(states_v[trained[0]].private) for u in vectorised[1])
+
+
+@pytest.mark.parametrize("sizes", [[5, 5, 5], [5, 3, 1]], ids=["equal", "ragged"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_client", "grouped"])
+def test_stacked_layers_match_each_clients_own_layers(sizes: list[int], grouped: bool) -> None:
+    """Each client's examples meet only its own weights, in every form (per-client channels-last convolutions, the
+    grouped convolution a GPU takes for equal sizes, the batched product), forward and backward."""
+    generator = torch.Generator().manual_seed(0)
+    convs = [nn.Conv2d(2, 4, 3, stride=2, padding=1) for _ in sizes]
+    linears = [nn.Linear(4 * 4 * 4, 3) for _ in sizes]
+    x = torch.randn(sum(sizes), 2, 8, 8, generator=generator)
+    conv, linear = StackedConv2d(convs[0]), StackedLinear()
+    for layer, own in ((conv, convs), (linear, linears)):
+        layer.sizes, layer.grouped = sizes, grouped
+        layer.weight = torch.stack([m.weight.detach() for m in own]).requires_grad_()
+        layer.bias = torch.stack([m.bias.detach() for m in own]).requires_grad_()
+    out = linear(torch.sigmoid(conv(x)).flatten(1))
+    expected = torch.cat(
+        [lin(torch.sigmoid(c(part)).flatten(1)) for c, lin, part in zip(convs, linears, x.split(sizes), strict=True)]
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(out.square().sum(), [conv.weight, linear.weight])
+    expected.square().sum().backward()
+    torch.testing.assert_close(grads[0], torch.stack([c.weight.grad for c in convs]), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grads[1], torch.stack([lin.weight.grad for lin in linears]), rtol=1e-4, atol=1e-6)
 
 
 def test_stacked_optimizer_leaves_finished_rows_untouched() -> None:
