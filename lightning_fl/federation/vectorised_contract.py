@@ -40,9 +40,12 @@ __all__ = ["AUTO_MAX_PARAMETERS", "Vectorize", "use_vectorised", "vectorised_dev
 
 Vectorize = bool | Literal["auto"]
 
-AUTO_MAX_PARAMETERS = 1_000_000
-"""``loop.vectorize="auto"`` stacks a model on a CPU only up to this many parameters (above it one client's step is
-large enough to keep the CPU busy; on a GPU there is no bound)."""
+AUTO_MAX_PARAMETERS = 100_000
+"""``loop.vectorize="auto"`` stacks a model on a CPU only up to this many parameters. On a CPU stacking saves the
+sequential fit's per-step overhead, not arithmetic (each client's layers still run on its own examples), so it pays
+where a step is small: measured faster for the 15k-parameter DLG LeNet and the 62k-parameter LeNet-5, slower for the
+265k-parameter MLP, whose step is mostly its own matrix products and optimiser update (docs/performance.md). On a GPU
+there is no bound."""
 
 _DEVICE_OPTIONS = ("accelerator", "devices")
 

@@ -232,7 +232,8 @@ def test_vectorize_true_on_a_refused_model_warns_and_trains_one_by_one(tmp_path:
     [
         ("auto", 5, 15_000, "cpu", True),
         ("auto", 1, 15_000, "cpu", False),
-        ("auto", 5, 20_000_000, "cpu", False),
+        ("auto", 5, 62_000, "cpu", True),  # LeNet-5: faster stacked
+        ("auto", 5, 265_000, "cpu", False),  # the MLP: slower stacked on a CPU
         ("auto", 5, 20_000_000, "cuda", True),
         (True, 1, 20_000_000, "cpu", True),
         (False, 5, 15_000, "cpu", False),
