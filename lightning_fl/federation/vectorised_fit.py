@@ -2,14 +2,15 @@
 
 Client ``k``'s copy of every parameter is row ``k`` of a ``(K, ...)`` tensor. A copy of the model whose ``Conv2d`` and
 ``Linear`` layers are replaced by their stacked forms (:class:`StackedConv2d`, :class:`StackedLinear`) runs the
-model's own ``forward`` and ``per_example_loss`` once on the K clients' batches laid end to end (client-major, each
-batch as it is: a client's shorter last batch is not padded), so the forward, the loss and the backward of all K
-clients are one autograd pass with no per-client optimiser loop, closure or hooks;
-:class:`~.vectorised_optim.StackedOptimizer` then updates every client as its own ``torch.optim`` optimiser would.
+model's own ``forward`` and ``per_example_loss`` once on the K clients' batches laid end to end (client-major; on a
+CPU each batch as it is), so the forward, the loss and the backward of all K clients are one autograd pass with no
+per-client optimiser loop, closure or hooks; :class:`~.vectorised_optim.StackedOptimizer`
+then updates every client as its own ``torch.optim`` optimiser would.
 Inside a stacked layer each client's rows meet only that client's examples: on a CPU one oneDNN convolution per client
 in the channels-last layout (faster there than the grouped convolution that ``torch.func.vmap`` gives a convolution
-with batched weights, and than the NCHW one the sequential fit runs: docs/performance.md); on a GPU one grouped
-convolution (``groups = K``) when the clients' batches are equal in size.
+with batched weights, and than the NCHW one the sequential fit runs: docs/performance.md); on a GPU the step's
+batches are padded to the longest with weight-0 copies of their first example and each convolution is one grouped
+convolution (``groups = K``), so a step is a fixed number of kernels whatever K.
 
 Clients train for different numbers of steps (different data sizes): they are ordered longest first, so the clients
 still training at step ``t`` are a prefix ``[:n_t]`` of the stack and only those rows take part; a finished client's
@@ -168,17 +169,23 @@ def fit_stacked(
     optimizer: StackedOptimizer,
     *,
     device: torch.device,
+    grouped: bool | None = None,
 ) -> list[StackedOutcome]:
     """Train ``len(starts)`` clients of ``model`` at once, client ``k`` from its parameters ``starts[k]`` on
     ``data[k]`` (the stacked copy of a model that :func:`~.vectorised_contract.vectorised_refusal` passes).
+
+    ``grouped`` (default: on a GPU) pads each step's batches to the longest with weight-0 copies of their first
+    example, so every convolution of the step is one grouped convolution; otherwise each client's convolution runs on
+    its own examples.
 
     Returns:
         one outcome per client, in the order of ``starts``; trained parameters on the CPU.
     """
     clone, layers = model.module, model.layers
     clone.to(device).train()
+    grouped = device.type != "cpu" if grouped is None else grouped
     for layer in layers.values():
-        layer.grouped = device.type != "cpu"
+        layer.grouped = grouped
     order = sorted(range(len(starts)), key=lambda k: -len(data[k].batches))
     params = {name: torch.stack([starts[k][name] for k in order]).to(device) for name in starts[0]}
     total, count = torch.zeros(len(order), device=device), torch.zeros(len(order), device=device)
@@ -189,7 +196,8 @@ def fit_stacked(
             n = sum(s > t for s in steps)
             leaves = {name: params[name][:n].detach().requires_grad_() for name in optimizer.names}
             rows = {name: leaves.get(name, value[:n]) for name, value in params.items()}
-            losses, sizes = _client_losses(clone, layers, rows, [data[k].batches[t] for k in order[:n]], device)
+            batches = [data[k].batches[t] for k in order[:n]]
+            losses, sizes = _client_losses(clone, layers, rows, batches, device, pad=grouped)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             optimizer.step(params, dict(zip(leaves, grads, strict=True)), active=n, step=t + 1)
             last = torch.tensor([data[k].epochs[t] == e for k, e in zip(order[:n], last_epoch, strict=False)])
@@ -205,29 +213,52 @@ def fit_stacked(
 
 
 def _client_losses(
-    model: L.LightningModule, layers: dict[str, _Stacked], rows: dict[str, Tensor], batches: Sequence[Any], device
+    model: L.LightningModule,
+    layers: dict[str, _Stacked],
+    rows: dict[str, Tensor],
+    batches: Sequence[Any],
+    device: torch.device,
+    *,
+    pad: bool,
 ) -> tuple[Tensor, Tensor]:
     """Each client's mean loss over its batch of this step (row ``i``: ``batches[i]`` with parameters ``rows[.][i]``),
-    and its batch size: the clients' batches laid end to end, as they are, through one pass of the stacked model."""
+    and its batch size: the clients' batches laid end to end through one pass of the stacked model, as they are or
+    (``pad``) each padded to the longest with copies of its first example, whose losses count with weight 0."""
     sizes = [_length(b) for b in batches]
+    longest = max(sizes)
+    laid = [_padded(b, longest) for b in batches] if pad else batches
     for name, layer in layers.items():
-        layer.sizes = sizes
+        layer.sizes = [longest] * len(sizes) if pad else sizes
         layer.weight = rows[f"{name}.weight"]
         layer.bias = rows.get(f"{name}.bias")
-    first = batches[0]
+    first = laid[0]
     if isinstance(first, Tensor):
-        batch = torch.cat(batches).to(device, non_blocking=True)
+        batch = torch.cat(laid).to(device, non_blocking=True)
     else:
-        batch = type(first)(torch.cat(fields).to(device, non_blocking=True) for fields in zip(*batches, strict=True))
+        batch = type(first)(torch.cat(fields).to(device, non_blocking=True) for fields in zip(*laid, strict=True))
     losses = model.per_example_loss(batch)
-    if losses.shape != (sum(sizes),):
+    examples = longest * len(sizes) if pad else sum(sizes)
+    if losses.shape != (examples,):
         raise ValueError(
-            f"{type(model).__name__}.per_example_loss returned shape {tuple(losses.shape)} for {sum(sizes)} "
+            f"{type(model).__name__}.per_example_loss returned shape {tuple(losses.shape)} for {examples} "
             "examples; it must return one loss per example (loop.vectorize=false avoids it)."
         )
     counts = torch.tensor(sizes, device=device)
+    if pad:
+        real = torch.arange(longest, device=device) < counts.unsqueeze(1)
+        return (losses.view(len(sizes), longest) * real).sum(1) / counts, counts
     owner = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts)
     return torch.zeros(len(sizes), device=device).index_add(0, owner, losses) / counts, counts
+
+
+def _padded(batch: Any, longest: int) -> Any:
+    """``batch`` (a tensor or a tuple/list of tensors) with copies of its first example appended up to ``longest``."""
+
+    def pad(field: Tensor) -> Tensor:
+        missing = longest - len(field)
+        return torch.cat([field, field[:1].expand(missing, *field.shape[1:])]) if missing else field
+
+    return pad(batch) if isinstance(batch, Tensor) else type(batch)(pad(f) for f in batch)
 
 
 def _length(batch: Any) -> int:

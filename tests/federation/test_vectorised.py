@@ -129,6 +129,35 @@ def test_stacked_layers_match_each_clients_own_layers(sizes: list[int], grouped:
     torch.testing.assert_close(grads[1], torch.stack([lin.weight.grad for lin in linears]), rtol=1e-4, atol=1e-6)
 
 
+def test_padded_grouped_fit_matches_the_per_client_fit() -> None:
+    """The GPU form (batches padded to the longest with weight-0 copies, one grouped convolution a layer) trains
+    clients of different sizes and step counts as the per-client form does."""
+    from lightning_fl.federation.vectorised_fit import ClientBatches, fit_stacked, stacked_copy
+
+    generator = torch.Generator().manual_seed(0)
+    data = [
+        ClientBatches([(torch.randn(n, 1, 16, 16, generator=generator), torch.randint(0, 10, (n,))) for n in sizes],
+            [0] * len(sizes))
+        for sizes in ([8, 8, 3], [8, 5], [2])
+    ]  # fmt: skip
+    torch.manual_seed(0)
+    model = make_classifier(_digits(), optimizer="sgd", lr=0.1, momentum=0.9)
+    starts = [{name: value.detach().clone() for name, value in model.named_parameters()}] * 3
+    names = {id(v): n for n, v in model.named_parameters()}
+    outcomes = {}
+    for grouped in (False, True):
+        optimizer = StackedOptimizer.like(model.configure_optimizers(), names)
+        cpu = torch.device("cpu")
+        outcomes[grouped] = fit_stacked(stacked_copy(model), starts, data, optimizer, device=cpu, grouped=grouped)
+    for a, b in zip(outcomes[False], outcomes[True], strict=True):
+        assert (a.steps, a.epochs) == (b.steps, b.epochs)
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
+        for key, value in a.state.items():
+            torch.testing.assert_close(b.state[key], value, rtol=1e-4, atol=1e-5)
+    moved = max(float((outcomes[True][2].state[k] - starts[2][k]).abs().max()) for k in starts[2])
+    assert moved > 1e-3  # the two-example client, padded to 8, trained
+
+
 def test_stacked_optimizer_leaves_finished_rows_untouched() -> None:
     """Rows past ``active`` keep their parameters and state; the others follow ``torch.optim.Adam`` each."""
     generator = torch.Generator().manual_seed(0)
