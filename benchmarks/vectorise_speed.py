@@ -5,7 +5,10 @@ LeNet, or ``--backbone``) with ``--clients`` clients, ``--per-round`` a round. E
 same seed and fits them one after the other, the order alternating between repeats (interleaved A/B on a shared
 machine). The figures are the time inside ``run_round`` (start-up excluded): this process's CPU time (the one to read
 on a shared CPU) and the wall time (the one to read on a GPU), with the ratios vectorised / sequential.
-``--profile`` instead runs the vectorised rounds once under cProfile and prints the top entries.
+``--profile`` instead runs the vectorised rounds once under cProfile and prints the top entries; ``--layers`` times the
+DLG LeNet's convolutional body (forward and backward, B = 32, ``--per-round`` clients) in the three forms: one NCHW
+convolution per client (as the sequential fit), one channels-last convolution per client (the vectorised fit on a CPU)
+and one grouped convolution (on a GPU; the form ``torch.func.vmap`` gives).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 10 --per-round 5
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 100 --per-round 20
@@ -24,6 +27,8 @@ import torch
 
 from lightning_fl import FederatedLoop, ImageClassifier
 from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.federation.vectorised_fit import StackedConv2d
+from lightning_fl.models.lenet import LeNetDLG
 
 
 def _fit(
@@ -62,6 +67,46 @@ def _fit(
         return spent[0], spent[1], loop.history
 
 
+def _body_times(clients: int, batch: int = 32, repeats: int = 5, calls: int = 10) -> dict[str, float]:
+    """CPU ms per client of the DLG LeNet body's forward and backward in each form (best of ``repeats``)."""
+    torch.manual_seed(0)
+    convs = [m for m in LeNetDLG(in_channels=1).body if isinstance(m, torch.nn.Conv2d)]
+    weights = [torch.stack([c.weight.detach()] * clients).requires_grad_() for c in convs]
+    biases = [torch.stack([c.bias.detach()] * clients).requires_grad_() for c in convs]
+    x = torch.rand(clients * batch, 1, 32, 32)
+
+    def each(channels_last: bool) -> torch.Tensor:
+        outs = []
+        for part in x.split(batch):
+            h = part.contiguous(memory_format=torch.channels_last) if channels_last else part
+            for conv, weight, bias in zip(convs, weights, biases, strict=True):
+                k = len(outs)
+                h = torch.sigmoid(torch.nn.functional.conv2d(h, weight[k], bias[k], conv.stride, conv.padding))
+            outs.append(h)
+        return torch.cat(outs)
+
+    def grouped() -> torch.Tensor:
+        h = x
+        for conv, weight, bias in zip(convs, weights, biases, strict=True):
+            layer = StackedConv2d(conv)
+            layer.sizes, layer.grouped, layer.weight, layer.bias = [batch] * clients, True, weight, bias
+            h = torch.sigmoid(layer(h))
+        return h
+
+    forms = {"per client, NCHW": lambda: each(False), "per client, channels-last": lambda: each(True)}
+    forms["grouped, channels-last"] = grouped
+    times = {}
+    for name, form in forms.items():
+        best = float("inf")
+        for _ in range(repeats):
+            cpu = time.process_time()
+            for _ in range(calls):
+                torch.autograd.grad(form().sum(), weights + biases)
+            best = min(best, (time.process_time() - cpu) / calls)
+        times[name] = 1e3 * best / clients
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=10)
@@ -71,12 +116,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backbone", default="lenet_dlg", help="ImageClassifier's backbone (one that qualifies)")
     parser.add_argument("--accelerator", default="cpu", help="loop.trainer's accelerator: cpu or gpu")
+    parser.add_argument("--layers", action="store_true", help="time the LeNet body's three forms instead")
     parser.add_argument("--profile", action="store_true", help="cProfile the vectorised rounds once instead")
     args = parser.parse_args()
     dm = FederatedDataModule("digits", num_clients=args.clients, partition="dirichlet", alpha=0.5, seed=0)
     dm.setup()
     run = {"per_round": args.per_round, "rounds": args.rounds, "seed": args.seed}
     run.update(accelerator=args.accelerator, backbone=args.backbone)
+    if args.layers:
+        for name, ms in _body_times(args.per_round).items():
+            print(f"{name}: {ms:.2f} ms CPU per client step (B = 32, {args.per_round} clients)")
+        return
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(_fit, dm, vectorize=True, **run)

@@ -8,7 +8,7 @@ per-client optimiser loop, closure or hooks; :class:`~.vectorised_optim.StackedO
 then updates every client as its own ``torch.optim`` optimiser would.
 Inside a stacked layer each client's rows meet only that client's examples: on a CPU one oneDNN convolution per client
 in the channels-last layout (faster there than the grouped convolution that ``torch.func.vmap`` gives a convolution
-with batched weights, and than the NCHW one the sequential fit runs: docs/performance.md); on a GPU the step's
+with batched weights: docs/performance.md); on a GPU the step's
 batches are padded to the longest with weight-0 copies of their first example and each convolution is one grouped
 convolution (``groups = K``), so a step is a fixed number of kernels whatever K.
 
@@ -67,8 +67,8 @@ class _Stacked(nn.Module):
 class StackedConv2d(_Stacked):
     """``nn.Conv2d`` for the clients at once: input ``(sum(sizes), C, H, W)``, weight ``(clients, O, C/g, kh, kw)``.
 
-    On a CPU each client's convolution runs on its own examples in the channels-last layout (oneDNN's fastest form
-    for these small convolutions); with ``grouped`` (a GPU) and equal sizes, the clients' convolutions are one
+    On a CPU each client's convolution runs on its own examples in the channels-last layout (faster there than one
+    grouped convolution); with ``grouped`` (a GPU) and equal sizes, the clients' convolutions are one
     grouped convolution with ``groups = clients``, the form ``torch.func.vmap`` gives a convolution with batched
     weights, here channels-last."""
 
