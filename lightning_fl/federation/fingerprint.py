@@ -130,9 +130,11 @@ def federation_fingerprint(
     broadcast_transforms: Sequence[object],
     client_callbacks: Sequence[object],
     callbacks: Sequence[object],
+    vectorize: bool | str = False,
 ) -> dict[str, Any]:
     """The settings that define a federation, as JSON data: the plug-ins' settings first (:func:`plugin_settings`),
-    then the data, the run shape and the model.
+    then the data, the run shape (``vectorize``: ``loop.vectorize``, whose history equals the sequential one only to
+    float tolerance) and the model.
 
     Keys are named as in the config (``data.num_clients``, ``loop.local_steps``, ...).
     """
@@ -163,6 +165,7 @@ def federation_fingerprint(
         "loop.clients_per_round": spec.clients_per_round,
         "loop.local_epochs": spec.local_epochs,
         "loop.local_steps": spec.local_steps,
+        "loop.vectorize": vectorize,
         "model": _name(model),
         **{f"model.init_args.{k}": _plain(v) for k, v in dict(getattr(model, "hparams", {}) or {}).items()},
         "model layers and shapes (digest)": _digest(shapes),

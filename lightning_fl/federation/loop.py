@@ -315,6 +315,7 @@ class FederatedLoop:
             broadcast_transforms=self.broadcast_transforms,
             client_callbacks=self.client_callbacks,
             callbacks=self.callbacks,
+            vectorize=self.vectorised.mode,
         )
 
     def setup_context(self) -> SetupContext:

@@ -154,7 +154,8 @@ class VectorisedClients:
         """The batches client ``ctx.client_id``'s seeded loader yields in its fit, drawn as the sequential fit draws
         them. The host generators are seeded for each client (data randomness), the device ones only for the
         ``last`` (``torch.manual_seed`` on a CUDA build also queues a CUDA seed with a captured stack), so the
-        generators end the round as the sequential path leaves them."""
+        generators end the round as the sequential path leaves them; a dropout model's masks are drawn from them
+        afterwards, so its generators move on differently (see :mod:`~.vectorised_contract`)."""
         runner = self.runner
         fit_seed = ctx.seed("fit", ctx.client_id)
         if last:

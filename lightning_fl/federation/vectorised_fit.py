@@ -1,19 +1,21 @@
-"""The vectorised inner fit: K plain clients' local training as one grouped computation per optimiser step.
+"""The vectorised inner fit: K plain clients' local training as one forward and one backward per optimiser step.
 
 Client ``k``'s copy of every parameter is row ``k`` of a ``(K, ...)`` tensor. A copy of the model whose ``Conv2d`` and
-``Linear`` layers are replaced by their stacked forms (:class:`StackedConv2d`: one grouped convolution with
-``groups = K``; :class:`StackedLinear`: one batched matrix product) runs the model's own ``forward`` and
-``per_example_loss`` once on the K clients' batches laid end to end (client-major, ``K * B`` examples), so the
-forward, the loss and the backward of all K clients are one pass; :class:`~.vectorised_optim.StackedOptimizer`
-then updates every client as its own ``torch.optim`` optimiser would. This is the grouped execution that
-``torch.func.vmap`` performs for a convolution with batched weights, here in the channels-last layout, which oneDNN
-runs faster on a CPU than the NCHW grouped convolution of ``vmap`` (docs/performance.md).
+``Linear`` layers are replaced by their stacked forms (:class:`StackedConv2d`, :class:`StackedLinear`) runs the
+model's own ``forward`` and ``per_example_loss`` once on the K clients' batches laid end to end (client-major; on a
+CPU each batch as it is), so the forward, the loss and the backward of all K clients are one autograd pass with no
+per-client optimiser loop, closure or hooks; :class:`~.vectorised_optim.StackedOptimizer`
+then updates every client as its own ``torch.optim`` optimiser would.
+Inside a stacked layer each client's rows meet only that client's examples: on a CPU one oneDNN convolution per client
+in the channels-last layout (faster there than the grouped convolution that ``torch.func.vmap`` gives a convolution
+with batched weights: docs/performance.md); on a GPU the step's
+batches are padded to the longest with weight-0 copies of their first example and each convolution is one grouped
+convolution (``groups = K``), so a step is a fixed number of kernels whatever K.
 
 Clients train for different numbers of steps (different data sizes): they are ordered longest first, so the clients
 still training at step ``t`` are a prefix ``[:n_t]`` of the stack and only those rows take part; a finished client's
-parameters and optimiser state are not touched. Within a step, a client's shorter batch (its last one) is padded
-with copies of its first example of weight 0, and its loss is the mean over its real examples, as the sequential
-fit's mean loss over the shorter batch.
+parameters and optimiser state are not touched. Each client's loss is the mean over its own batch, as in the
+sequential fit.
 """
 
 from __future__ import annotations
@@ -42,24 +44,48 @@ __all__ = [
 
 
 class _Stacked(nn.Module):
-    """A layer whose weights are ``rows`` clients' copies, set before each step by :func:`fit_stacked`."""
+    """A layer whose weights are the clients' copies (row ``k``: client ``k``, who has ``sizes[k]`` examples of the
+    input, laid end to end), set before each step by :func:`fit_stacked`."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.rows = 1
+        self.sizes: list[int] = [1]
+        self.grouped = False
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
 
+    def _equal(self) -> bool:
+        return all(size == self.sizes[0] for size in self.sizes)
+
+    def _each(self, x: Tensor, layer) -> Tensor:
+        """``layer(x_k, weight_k, bias_k)`` for each client's examples ``x_k``, laid end to end again."""
+        biases = [None] * len(self.sizes) if self.bias is None else self.bias.unbind(0)
+        parts = zip(x.split(self.sizes), self.weight.unbind(0), biases, strict=True)
+        return torch.cat([layer(part, weight, bias) for part, weight, bias in parts])
+
 
 class StackedConv2d(_Stacked):
-    """``nn.Conv2d`` for ``rows`` clients at once: input ``(rows * B, C, H, W)``, weight ``(rows, O, C/g, kh, kw)``."""
+    """``nn.Conv2d`` for the clients at once: input ``(sum(sizes), C, H, W)``, weight ``(clients, O, C/g, kh, kw)``.
+
+    On a CPU each client's convolution runs on its own examples in the channels-last layout (faster there than one
+    grouped convolution); with ``grouped`` (a GPU) and equal sizes, the clients' convolutions are one
+    grouped convolution with ``groups = clients``, the form ``torch.func.vmap`` gives a convolution with batched
+    weights, here channels-last."""
 
     def __init__(self, conv: nn.Conv2d) -> None:
         super().__init__()
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
 
     def forward(self, x: Tensor) -> Tensor:
-        n, (total, channels, height, width) = self.rows, x.shape
+        if self.grouped and self._equal():
+            return self._grouped(x)
+        return self._each(x.contiguous(memory_format=torch.channels_last), self._conv)
+
+    def _conv(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def _grouped(self, x: Tensor) -> Tensor:
+        n, (total, channels, height, width) = len(self.sizes), x.shape
         batch = total // n
         # one copy in: (n, B, C, H, W) to the grouped input (B, n*C, H, W) stored channels-last, (B, H, W, n, C)
         grouped = x.view(n, batch, channels, height, width).permute(1, 3, 4, 0, 2).contiguous()
@@ -74,10 +100,13 @@ class StackedConv2d(_Stacked):
 
 
 class StackedLinear(_Stacked):
-    """``nn.Linear`` for ``rows`` clients at once: input ``(rows * B, ..., F)``, weight ``(rows, O, F)``."""
+    """``nn.Linear`` for the clients at once: input ``(sum(sizes), ..., F)``, weight ``(clients, O, F)``; one batched
+    matrix product when the clients' sizes are equal, else one product per client."""
 
     def forward(self, x: Tensor) -> Tensor:
-        n, lead = self.rows, x.shape[:-1]
+        if not self._equal():
+            return self._each(x, F.linear)
+        n, lead = len(self.sizes), x.shape[:-1]
         flat = x.reshape(n, -1, x.shape[-1])
         if self.bias is None:
             out = torch.bmm(flat, self.weight.transpose(1, 2))
@@ -140,15 +169,23 @@ def fit_stacked(
     optimizer: StackedOptimizer,
     *,
     device: torch.device,
+    grouped: bool | None = None,
 ) -> list[StackedOutcome]:
     """Train ``len(starts)`` clients of ``model`` at once, client ``k`` from its parameters ``starts[k]`` on
     ``data[k]`` (the stacked copy of a model that :func:`~.vectorised_contract.vectorised_refusal` passes).
+
+    ``grouped`` (default: on a GPU) pads each step's batches to the longest with weight-0 copies of their first
+    example, so every convolution of the step is one grouped convolution; otherwise each client's convolution runs on
+    its own examples.
 
     Returns:
         one outcome per client, in the order of ``starts``; trained parameters on the CPU.
     """
     clone, layers = model.module, model.layers
     clone.to(device).train()
+    grouped = device.type != "cpu" if grouped is None else grouped
+    for layer in layers.values():
+        layer.grouped = grouped
     order = sorted(range(len(starts)), key=lambda k: -len(data[k].batches))
     params = {name: torch.stack([starts[k][name] for k in order]).to(device) for name in starts[0]}
     total, count = torch.zeros(len(order), device=device), torch.zeros(len(order), device=device)
@@ -159,7 +196,8 @@ def fit_stacked(
             n = sum(s > t for s in steps)
             leaves = {name: params[name][:n].detach().requires_grad_() for name in optimizer.names}
             rows = {name: leaves.get(name, value[:n]) for name, value in params.items()}
-            losses, sizes = _client_losses(clone, layers, rows, [data[k].batches[t] for k in order[:n]], device)
+            batches = [data[k].batches[t] for k in order[:n]]
+            losses, sizes = _client_losses(clone, layers, rows, batches, device, pad=grouped)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             optimizer.step(params, dict(zip(leaves, grads, strict=True)), active=n, step=t + 1)
             last = torch.tensor([data[k].epochs[t] == e for k, e in zip(order[:n], last_epoch, strict=False)])
@@ -174,73 +212,53 @@ def fit_stacked(
     return outcomes
 
 
-PAD_RATIO = 0.75
-"""Clients whose batches of a step are at least this fraction of the longest one in their group share one grouped
-pass (their batches padded to it); shorter ones start another group: at most a quarter of a pass is padding."""
-
-
 def _client_losses(
-    model: L.LightningModule, layers: dict[str, _Stacked], rows: dict[str, Tensor], batches: Sequence[Any], device
+    model: L.LightningModule,
+    layers: dict[str, _Stacked],
+    rows: dict[str, Tensor],
+    batches: Sequence[Any],
+    device: torch.device,
+    *,
+    pad: bool,
 ) -> tuple[Tensor, Tensor]:
     """Each client's mean loss over its batch of this step (row ``i``: ``batches[i]`` with parameters ``rows[.][i]``),
-    and its batch size; clients of similar batch sizes run as one grouped pass (see :data:`PAD_RATIO`)."""
-    sizes = [_length(b) for b in batches]
-    parts, placed = [], []
-    for group in _groups(sizes):
-        index = None if group == list(range(len(sizes))) else torch.tensor(group, device=device)
-        for name, layer in layers.items():
-            layer.rows = len(group)
-            layer.weight = _take(rows[f"{name}.weight"], index)
-            layer.bias = _take(rows[f"{name}.bias"], index) if f"{name}.bias" in rows else None
-        batch, weights = _stack_batches([batches[i] for i in group], device)
-        losses = model.per_example_loss(batch)
-        if losses.shape != weights.reshape(-1).shape:
-            raise ValueError(
-                f"{type(model).__name__}.per_example_loss returned shape {tuple(losses.shape)} for {weights.numel()} "
-                "examples; it must return one loss per example (loop.vectorize=false avoids it)."
-            )
-        parts.append((losses.view(weights.shape) * weights).sum(1) / weights.sum(1))
-        placed.extend(group)
-    inverse = torch.empty(len(placed), dtype=torch.long)
-    inverse[torch.tensor(placed)] = torch.arange(len(placed))
-    losses = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return losses[inverse.to(device)] if placed != sorted(placed) else losses, torch.tensor(sizes, device=device)
-
-
-def _groups(sizes: Sequence[int]) -> list[list[int]]:
-    """Row indices grouped greedily, longest batch first, so each group's batches are >= ``PAD_RATIO`` of its
-    longest (one group, in row order, when all fit)."""
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and sizes[i] >= PAD_RATIO * sizes[groups[-1][0]]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return [sorted(g) for g in groups]
-
-
-def _take(stacked: Tensor, index: Tensor | None) -> Tensor:
-    return stacked if index is None else stacked.index_select(0, index)
-
-
-def _stack_batches(batches: Sequence[Any], device: torch.device) -> tuple[Any, Tensor]:
-    """The clients' batches laid end to end (each padded to the longest with copies of its first example) and the
-    ``(clients, longest)`` weights, 1 for a real example and 0 for padding."""
+    and its batch size: the clients' batches laid end to end through one pass of the stacked model, as they are or
+    (``pad``) each padded to the longest with copies of its first example, whose losses count with weight 0."""
     sizes = [_length(b) for b in batches]
     longest = max(sizes)
-    weights = torch.tensor([[1.0] * s + [0.0] * (longest - s) for s in sizes], device=device)
-
-    def stack(fields: Sequence[Tensor]) -> Tensor:
-        padded = [
-            torch.cat([f, f[:1].expand(longest - len(f), *f.shape[1:])]) if len(f) < longest else f for f in fields
-        ]
-        return torch.cat(padded).to(device, non_blocking=True)
-
-    first = batches[0]
+    laid = [_padded(b, longest) for b in batches] if pad else batches
+    for name, layer in layers.items():
+        layer.sizes = [longest] * len(sizes) if pad else sizes
+        layer.weight = rows[f"{name}.weight"]
+        layer.bias = rows.get(f"{name}.bias")
+    first = laid[0]
     if isinstance(first, Tensor):
-        return stack(batches), weights
-    return type(first)(stack(fields) for fields in zip(*batches, strict=True)), weights
+        batch = torch.cat(laid).to(device, non_blocking=True)
+    else:
+        batch = type(first)(torch.cat(fields).to(device, non_blocking=True) for fields in zip(*laid, strict=True))
+    losses = model.per_example_loss(batch)
+    examples = longest * len(sizes) if pad else sum(sizes)
+    if losses.shape != (examples,):
+        raise ValueError(
+            f"{type(model).__name__}.per_example_loss returned shape {tuple(losses.shape)} for {examples} "
+            "examples; it must return one loss per example (loop.vectorize=false avoids it)."
+        )
+    counts = torch.tensor(sizes, device=device)
+    if pad:
+        real = torch.arange(longest, device=device) < counts.unsqueeze(1)
+        return (losses.view(len(sizes), longest) * real).sum(1) / counts, counts
+    owner = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts)
+    return torch.zeros(len(sizes), device=device).index_add(0, owner, losses) / counts, counts
+
+
+def _padded(batch: Any, longest: int) -> Any:
+    """``batch`` (a tensor or a tuple/list of tensors) with copies of its first example appended up to ``longest``."""
+
+    def pad(field: Tensor) -> Tensor:
+        missing = longest - len(field)
+        return torch.cat([field, field[:1].expand(missing, *field.shape[1:])]) if missing else field
+
+    return pad(batch) if isinstance(batch, Tensor) else type(batch)(pad(f) for f in batch)
 
 
 def _length(batch: Any) -> int:

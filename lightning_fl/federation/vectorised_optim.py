@@ -120,5 +120,6 @@ def _adam(
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     step_size = group["lr"] / (1 - beta1**step)
-    denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
+    denom = torch.sqrt(exp_avg_sq, out=_rows(state, "denom", stacked, active))  # a scratch row block, no allocation
+    denom.div_((1 - beta2**step) ** 0.5).add_(group["eps"])
     param.addcdiv_(exp_avg, denom, value=-step_size)
