@@ -182,6 +182,10 @@ reproduce-secure-aggregation:
 # docs/performance.md: timings (they depend on the machine and its load; the doc gives both for each table).
 reproduce-performance:
 	{ $(RUN) $(BIN)/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 25 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 100 --per-round 20 --rounds 25 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --layers --per-round 4 && \
+	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --layers --per-round 20 && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 --clients 20 && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py ddp --rounds 10 && \
