@@ -136,3 +136,12 @@ def test_a_preset_starts_from_its_base_and_overrides_it(tmp_path) -> None:
     (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
     with pytest.raises(ValueError, match="leads back to itself"):
         load_settings(tmp_path / "loop.yaml")
+
+
+@pytest.mark.parametrize("preset", ["configs/bench_lfw.yaml", "configs/bench_photos_resnet.yaml"])
+def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
+    from lightning_fl.bench.command import check_grid
+
+    settings = load_settings(preset, quick=True)
+    check_grid(settings)  # every utility and attack run of the preset builds (data, model, defences, attacks)
+    assert settings["output_dir"].endswith("_quick") and settings["output_dir"] != "runs/bench_photos_quick"

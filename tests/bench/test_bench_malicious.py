@@ -46,7 +46,7 @@ def test_malicious_server_and_analytic_rows_per_defence_with_their_own_runs(tmp_
     assert "| none | robbing_the_fed | malicious |" in (tmp_path / "bench.md").read_text()
 
 
-@pytest.mark.parametrize("preset", ["configs/bench_digits.yaml", "configs/bench_photos.yaml"])
+@pytest.mark.parametrize("preset", ["configs/bench_digits.yaml", "configs/bench_photos.yaml", "configs/bench_lfw.yaml"])
 def test_shipped_imprint_statistics_are_the_test_split_feature(preset: str) -> None:
     """The server's public statistics of the imprint feature: mean and std of the feature on the test split."""
     settings = load_settings(preset, quick=True)
