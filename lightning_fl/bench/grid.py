@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "applies",
     "build",
     "cells",
+    "fixed_batches",
     "load_class",
     "load_settings",
     "select",
@@ -111,6 +113,29 @@ def _defence(settings: Mapping[str, Any], defence: str) -> dict[str, Any]:
     return settings["defences"][defence] or {}
 
 
+FIXED_BATCHES = "shuffled_batches"
+"""The ``sampling`` an attack run gives every defence that samples its own batches (DP-SGD's Poisson batches)."""
+
+
+def fixed_batches(defences: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``defences`` for an attack run: each one that takes a ``sampling`` option draws fixed batches of B.
+
+    A threat model names the batch the attacker sees ("the mean gradient of B images"); under Poisson sampling
+    (what a DP-SGD accountant assumes) a step holds B images only on average, so the attacked step would not be
+    that threat model's. The utility run keeps the defence's own sampling, and with it the ε it reports.
+
+    Example:
+        >>> fixed_batches([{"class_path": "lightning_fl.defences.FedCDP"}])[0]["init_args"]
+        {'sampling': 'shuffled_batches'}
+    """
+    return [
+        {**entry, "init_args": {**(entry.get("init_args") or {}), "sampling": FIXED_BATCHES}}
+        if "sampling" in inspect.signature(load_class(entry["class_path"])).parameters
+        else dict(entry)
+        for entry in defences
+    ]
+
+
 @dataclass(frozen=True)
 class Utility:
     """One utility run: a defence trained at the config's ``data``/``model``/``loop`` settings, with one seed."""
@@ -129,7 +154,7 @@ class Utility:
         return {
             "run": f"utility/{self.key}",
             "data": settings["data"],
-            "model": settings["model"],
+            "model": _merge(settings["model"], defence.get("model", {})),
             "loop": _merge(settings["loop"], defence.get("loop", {})),
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
@@ -159,8 +184,9 @@ class Cell:
     def spec(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Everything that defines this cell's attack run (what its fingerprint hashes).
 
-        The run's settings are the config's ``data``/``model``/``loop``, then ``attack_run``, then the defence's
-        ``loop`` and then the threat model's ``data``/``model``/``loop``, each merged over the one before.
+        The run's settings are the config's ``data``/``model``/``loop``, the defence's ``model``, then
+        ``attack_run``, then the defence's ``loop`` and then the threat model's ``data``/``model``/``loop``, each
+        merged over the one before; the defences draw fixed batches (:func:`fixed_batches`).
         """
         defence = _defence(settings, self.defence)
         if self.threat_model not in settings["threat_models"]:
@@ -169,14 +195,15 @@ class Cell:
             raise ValueError(f"attack {self.attack!r} is not in the config's attacks: {sorted(settings['attacks'])}.")
         threat = settings["threat_models"][self.threat_model]
         run = settings.get("attack_run") or {}
-        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "model", "loop")}
+        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
+        parts["model"] = _merge(_merge(settings["model"], defence.get("model", {})), run.get("model", {}))
         parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
         parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
         trained = bool(threat.get("trained", False))
         return {
             "cell": self.key,
             **parts,
-            "defences": defence.get("defences", []),
+            "defences": fixed_batches(defence.get("defences", [])),
             "client_callbacks": defence.get("client_callbacks", []),
             "attack": {k: v for k, v in settings["attacks"][self.attack].items() if k != "applies_to"},
             "threat_model": self.threat_model,
