@@ -15,6 +15,7 @@ from lightning_fl.bench.cell import _scores, run_utility
 from lightning_fl.bench.grid import FIXED_BATCHES
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
+from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 
 _IG = {"class_path": "lightning_fl.attacks.InvertingGradientsAttack", "init_args": {"max_iterations": 200}}
@@ -125,7 +126,9 @@ def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
 
 def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
     settings = load_settings("configs/bench_photos.yaml", quick=True)
-    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photos", 32)
+    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photo_tiles", 32)
+    test_set = load_dataset(settings["data"]["dataset"], train=False, image_size=32)  # a test set that can rank
+    assert len(test_set) >= 60 and set(test_set.labels.bincount().tolist()) == {7}  # 7 tiles of each photograph
     assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
     threats = settings["threat_models"]
     assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
