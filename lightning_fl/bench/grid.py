@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "build",
     "cells",
     "changes_run",
+    "fixed_batches",
     "load_class",
     "load_settings",
     "select",
@@ -139,6 +141,29 @@ def _defence(settings: Mapping[str, Any], defence: str) -> dict[str, Any]:
     return settings["defences"][defence] or {}
 
 
+FIXED_BATCHES = "shuffled_batches"
+"""The ``sampling`` an attack run gives every defence that samples its own batches (DP-SGD's Poisson batches)."""
+
+
+def fixed_batches(defences: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``defences`` for an attack run: each one that takes a ``sampling`` option draws fixed batches of B.
+
+    A threat model names the batch the attacker sees ("the mean gradient of B images"); under Poisson sampling
+    (what a DP-SGD accountant assumes) a step holds B images only on average, so the attacked step would not be
+    that threat model's. The utility run keeps the defence's own sampling, and with it the ε it reports.
+
+    Example:
+        >>> fixed_batches([{"class_path": "lightning_fl.defences.FedCDP"}])[0]["init_args"]
+        {'sampling': 'shuffled_batches'}
+    """
+    return [
+        {**entry, "init_args": {**(entry.get("init_args") or {}), "sampling": FIXED_BATCHES}}
+        if "sampling" in inspect.signature(load_class(entry["class_path"])).parameters
+        else dict(entry)
+        for entry in defences
+    ]
+
+
 @dataclass(frozen=True)
 class Utility:
     """One utility run: a defence trained at the config's ``data``/``model``/``loop`` settings, with one seed."""
@@ -157,7 +182,7 @@ class Utility:
         return {
             "run": f"utility/{self.key}",
             "data": settings["data"],
-            "model": settings["model"],
+            "model": _merge(settings["model"], defence.get("model", {})),
             "loop": _merge(settings["loop"], defence.get("loop", {})),
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
@@ -187,11 +212,12 @@ class Cell:
     def spec(self, settings: Mapping[str, Any]) -> dict[str, Any]:
         """Everything that defines this cell's attack run (what its fingerprint hashes).
 
-        The run's settings are the config's ``data``/``model``/``loop``, then ``attack_run``, then the defence's
-        ``loop``, then the threat model's ``data``/``model``/``loop`` and then the attack's own ``model``, each merged
-        over the one before; the attack's ``server_defences`` come before the defence's bundles (the malicious
-        server changes the model first, the clients' defences act on what it ships). ``run`` names the attack run:
-        shared by the cells of one defence, threat model and seed, unless the attack changes the run.
+        The run's settings are the config's ``data``/``model``/``loop``, the defence's ``model``, then
+        ``attack_run``, then the defence's ``loop``, then the threat model's ``data``/``model``/``loop`` and then the
+        attack's own ``model``, each merged over the one before; the attack's ``server_defences`` come before the
+        defence's bundles (the malicious server changes the model first, the clients' defences act on what it
+        ships), and the defences draw fixed batches (:func:`fixed_batches`). ``run`` names the attack run: shared
+        by the cells of one defence, threat model and seed, unless the attack changes the run.
         """
         defence = _defence(settings, self.defence)
         if self.threat_model not in settings["threat_models"]:
@@ -200,7 +226,8 @@ class Cell:
             raise ValueError(f"attack {self.attack!r} is not in the config's attacks: {sorted(settings['attacks'])}.")
         threat = settings["threat_models"][self.threat_model]
         run = settings.get("attack_run") or {}
-        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "model", "loop")}
+        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
+        parts["model"] = _merge(_merge(settings["model"], defence.get("model", {})), run.get("model", {}))
         parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
         parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
         attack = settings["attacks"][self.attack]
@@ -211,7 +238,7 @@ class Cell:
             "cell": self.key,
             "run": f"{run}__{self.attack}" if changes_run(attack) else run,
             **parts,
-            "defences": [*attack.get("server_defences", []), *defence.get("defences", [])],
+            "defences": [*attack.get("server_defences", []), *fixed_batches(defence.get("defences", []))],
             "client_callbacks": defence.get("client_callbacks", []),
             "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
             "server": server_threat(attack),

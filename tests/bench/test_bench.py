@@ -12,8 +12,10 @@ import yaml
 from lightning_fl.attacks import DLGAttack
 from lightning_fl.bench import Utility, cells, load_settings, run_bench, utilities
 from lightning_fl.bench.cell import _scores, run_utility
+from lightning_fl.bench.grid import FIXED_BATCHES
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
+from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 
 _IG = {"class_path": "lightning_fl.attacks.InvertingGradientsAttack", "init_args": {"max_iterations": 200}}
@@ -34,14 +36,7 @@ MINI = {
     "attacks": {"ig": _IG},
     "defences": {
         "none": {},
-        "fed_cdp": {
-            "defences": [
-                {
-                    "class_path": "lightning_fl.defences.FedCDP",
-                    "init_args": {"max_grad_norm": 4.0, "sampling": "shuffled_batches"},
-                }
-            ]
-        },
+        "fed_cdp": {"defences": [{"class_path": "lightning_fl.defences.FedCDP", "init_args": {"max_grad_norm": 4.0}}]},
     },
 }
 
@@ -131,7 +126,9 @@ def test_a_ciphertext_view_counts_as_unreadable_not_as_a_failure() -> None:
 
 def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
     settings = load_settings("configs/bench_photos.yaml", quick=True)
-    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photos", 32)
+    assert (settings["data"]["dataset"], settings["data"]["image_size"]) == ("photo_tiles", 32)
+    test_set = load_dataset(settings["data"]["dataset"], train=False, image_size=32)  # a test set that can rank
+    assert len(test_set) >= 60 and set(test_set.labels.bincount().tolist()) == {7}  # 7 tiles of each photograph
     assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
     threats = settings["threat_models"]
     assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
@@ -152,3 +149,26 @@ def test_fl_and_dp_algorithms_are_grid_entries(tmp_path) -> None:
     rows = {r["defence"]: r for r in run_bench(grid, tmp_path, print_=lambda _: None)}
     assert all(r["status"] == "ok" for r in rows.values()), {d: r["status"] for d, r in rows.items()}
     assert rows["dp_fedavg"]["epsilon_mean"] > 0 and rows["fedadam"]["epsilon_mean"] is None
+
+
+def test_dp_attack_runs_fix_the_threat_models_batch_while_utility_runs_keep_poisson_sampling(tmp_path) -> None:
+    """A threat model says "B images": DP-SGD's Poisson batches hold B only on average, so the attack run draws
+    fixed batches of B, while the utility run (and the ε it reports) keeps the defence's Poisson sampling."""
+    dual = {"class_path": "lightning_fl.defences.DualDPFL", "init_args": {"target_epsilon": 8.0}}
+    grid = {
+        **MINI,
+        "threat_models": {"fedsgd_b8": {"leak_point": "local_gradient", "data": {"batch_size": 8}, "max_images": 8}},
+        "attacks": {"dlg": {"class_path": "lightning_fl.attacks.DLGAttack", "init_args": {"max_iterations": 2}}},
+        "defences": {"fed_cdp": MINI["defences"]["fed_cdp"], "dual_dp": {"defences": [dual]}},
+    }
+    assert "sampling" not in Utility("dual_dp", 0).spec(grid)["defences"][0]["init_args"]
+    fixed = {**dual, "init_args": {**dual["init_args"], "sampling": FIXED_BATCHES}}
+    assert cells(grid)[1].spec(grid)["defences"] == [fixed]
+    rows = {r["defence"]: r for r in run_bench(grid, tmp_path, print_=lambda _: None)}
+    for defence, component in (("fed_cdp", "FedCDP"), ("dual_dp", "DualDP")):
+        assert rows[defence]["status"] == "ok", rows[defence]["status"]  # attacked: one client, its first step
+        utility = json.loads((tmp_path / "runs" / "utility" / f"{defence}__s0" / "summary.json").read_text())
+        attack = json.loads((tmp_path / "runs" / f"{defence}__fedsgd_b8__s0" / "summary.json").read_text())
+        assert utility["privacy"][component]["sampling"] == "poisson" and rows[defence]["epsilon_mean"] > 0
+        assert attack["privacy"][component]["sampling"] == FIXED_BATCHES
+        assert [a["ground_truth_size"] for a in attack["attacks"]] == [8]

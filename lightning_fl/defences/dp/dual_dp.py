@@ -16,7 +16,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.defences.dp.per_example_dp import ClientDPSGD
+from lightning_fl.defences.dp.per_example_dp import ClientDPSGD, Sampling
 from lightning_fl.privacy.accounting import AccountantName, calibrate_noise_multiplier
 from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.transforms import BroadcastTransform
@@ -49,6 +49,8 @@ class DualDP(ClientDPSGD):
         max_grad_norm: per-example clip bound G (Inferred default 1.0).
         delta: target delta (paper Fig. 6: 1e-3).
         accountant: ``rdp`` or ``prv``.
+        sampling: ``poisson`` (default, what the accountant assumes) or ``shuffled_batches`` (fixed batches of B;
+            see :class:`~lightning_fl.defences.PerExampleDP`).
 
     Raises:
         ValueError: if neither or both of ``target_epsilon`` and ``noise_multiplier`` are given.
@@ -62,6 +64,7 @@ class DualDP(ClientDPSGD):
         max_grad_norm: float = 1.0,
         delta: float = 1e-3,
         accountant: AccountantName = "rdp",
+        sampling: Sampling = "poisson",
     ) -> None:
         if (target_epsilon is None) == (noise_multiplier is None):
             raise ValueError(
@@ -77,6 +80,7 @@ class DualDP(ClientDPSGD):
             noise_scaling="per_batch",
             delta=delta,
             accountant=accountant,
+            sampling=sampling,
         )
         self.target_epsilon = target_epsilon
         self._calibrated = False
@@ -187,6 +191,7 @@ class DualDPFL(Defence):
         sensitivity: the server-side sensitivity S of the downlink noise.
         mode: ``per_client``, ``shared`` or ``none`` (see :class:`DownlinkNoise`).
         accumulate: keep the downlink noise in the aggregate (the paper's model averaging).
+        sampling: the clients' batches, ``poisson`` (default) or ``shuffled_batches`` (see :class:`DualDP`).
     """
 
     def __init__(
@@ -200,6 +205,7 @@ class DualDPFL(Defence):
         sensitivity: float = 0.1,
         mode: ServerNoiseMode = "per_client",
         accumulate: bool = True,
+        sampling: Sampling = "poisson",
     ) -> None:
         if target_epsilon is not None:  # named here, as the user wrote it, before DualDP checks it again
             check_positive(target_epsilon, owner="DualDPFL", name="target_epsilon", hint="; it is the privacy budget")
@@ -209,6 +215,7 @@ class DualDPFL(Defence):
             max_grad_norm=max_grad_norm,
             delta=delta,
             accountant=accountant,
+            sampling=sampling,
         )
         self.downlink = DownlinkNoise(
             sensitivity=sensitivity, noise_multiplier=self.client, mode=mode, accumulate=accumulate
