@@ -60,6 +60,7 @@ $(OUT):
 reproduce-bench:
 	{ $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_photos.yaml --quick --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_lfw.yaml --quick --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2; } $(LOG)
 
 reproduce-foundation:
@@ -99,6 +100,7 @@ reproduce-gpu: $(VENV)/.installed | $(OUT)
 	{ $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu && \
 	  $(RUN) $(BIN)/python benchmarks/gpu_check.py --device cuda --out $(OUT)/gpu_check && \
 	  $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_vectorise.sh $(OUT)/gpu_vectorise && \
+	  $(BIN)/lightning-fl bench --config configs/bench_photos_resnet.yaml --quick && \
 	  $(RUN) $(BIN)/python benchmarks/dp_user_model.py --device cuda; } $(LOG)
 
 reproduce-breaching:
