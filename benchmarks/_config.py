@@ -15,18 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lightning_fl.bench.grid import read_mapping
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The YAML mapping in ``path``; a clear one-line error if it is missing or not a mapping."""
-    path = Path(path)
-    if not path.is_file():
-        raise SystemExit(f"--config {path}: no such file; give a YAML file from configs/.")
-    config = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(config, dict):
-        raise SystemExit(f"--config {path}: expected a mapping of settings, got {type(config).__name__}.")
-    return config
+    try:
+        return read_mapping(path, "file")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:

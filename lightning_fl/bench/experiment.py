@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_fl.bench.grid import build, load_class
+from lightning_fl.bench.grid import build, load_class, read_mapping
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
@@ -89,14 +89,7 @@ def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:
     Raises:
         ValueError: naming the file when it is missing, is not a mapping, or has a key a spec does not know.
     """
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such fit config; give a YAML file from configs/.")
-    config = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: a fit config is a mapping of settings, not {type(config).__name__}.")
+    config = read_mapping(path, "fit config")
     spec: dict[str, Any] = {
         "seed": config.pop("seed_everything", 0),
         "loop": {},

@@ -34,6 +34,7 @@ __all__ = [
     "fixed_batches",
     "load_class",
     "load_settings",
+    "read_mapping",
     "select",
     "server_threat",
     "utilities",
@@ -79,15 +80,25 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
     return {**settings, axis: chosen}
 
 
+def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (a ``what``: "bench config", "fit config", ...).
+
+    Raises:
+        ValueError: naming the file when it is missing or does not hold a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such {what}; give a YAML file from configs/.")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: a {what} holds a mapping of settings, not {type(raw).__name__}; see configs/.")
+    return dict(raw)
+
+
 def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The settings of ``path``: its ``base:`` config's (a path relative to ``path``'s folder), then its own keys,
     then, with ``quick``, its ``quick:`` section, each merged over the one before."""
-    if not path.is_file():
-        raise ValueError(f"bench config {path}: no such file; give a bench YAML such as configs/bench_digits.yaml.")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"bench config {path} is not a mapping; see configs/bench_digits.yaml for the keys.")
-    raw = dict(raw)
+    raw = read_mapping(path, "bench config")
     preset = raw.pop("quick", {}) or {}
     base = raw.pop("base", None)
     if base is not None:
