@@ -136,6 +136,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
     check_output_dir(output_dir)
     if not cfg.report_only:
         check_grid(settings)
+    flags += f" --output_dir {cfg.output_dir}" if cfg.output_dir else ""
     command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + flags + f" --jobs {cfg.jobs}"
 
     def bench() -> list[dict[str, Any]]:

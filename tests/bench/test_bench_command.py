@@ -58,10 +58,10 @@ def test_selection_flags_trim_the_grid_and_name_unknown_values(tmp_path, capsys)
     assert main(["bench", "-c", str(config), "--jobs", "0"]) == 2
     assert not (tmp_path / "out").exists()
     selected = ["--defences", "none", "--threat_models", "fedsgd_b1", "--seeds", "0", "--attacks", "ig"]
-    assert main(["bench", "-c", str(config), *selected]) == 0
+    assert main(["bench", "-c", str(config), *selected, "--output_dir", str(tmp_path / "out")]) == 0
     assert [p.name for p in (tmp_path / "out" / "cells").glob("*.json")] == ["none__ig__fedsgd_b1__s0.json"]
-    assert (
-        "--defences none --attacks ig --threat_models fedsgd_b1 --seeds 0 --jobs 1"
+    assert (  # the command that made the table, and resumes it, names every flag given
+        f"--defences none --attacks ig --threat_models fedsgd_b1 --seeds 0 --output_dir {tmp_path / 'out'} --jobs 1"
         in (tmp_path / "out" / "bench.md").read_text()
     )
 
