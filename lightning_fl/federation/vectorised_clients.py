@@ -149,7 +149,7 @@ class VectorisedClients:
             return results
         dp = None
         if self._dp is not None:
-            dp = StackedDPSGD(dp_clients, stacked.names, flat=self._dp.clipping == "flat")
+            dp = StackedDPSGD(dp_clients, stacked.names, clipping=self._dp.clipping)
         try:
             if self._stacked is None:
                 self._stacked = stacked_copy(worker)

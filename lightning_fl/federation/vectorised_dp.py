@@ -41,6 +41,7 @@ from lightning_fl.privacy.sampling import poisson_loader
 
 if TYPE_CHECKING:
     from lightning_fl.defences.dp.dp_sgd import DPSGDPlan, PerExampleDP
+    from lightning_fl.defences.dp.opacus_hooks import Clipping
     from lightning_fl.federation.vectorised_fit import _Stacked
     from lightning_fl.privacy.accounting import PrivacyAccountant
 
@@ -150,12 +151,13 @@ class StackedDPSGD:
     Args:
         clients: one per client, in the order of :func:`~.vectorised_fit.fit_stacked`'s ``starts``.
         names: the trained parameters in the optimiser's order (the order of the noise draws).
-        flat: clipping of the whole gradient (``clipping="flat"``), else of each parameter tensor.
+        clipping: ``PerExampleDP``'s: ``flat`` clips each example's whole gradient, ``per_layer`` each of its
+            parameter tensors.
     """
 
     clients: Sequence[DPClient]
     names: Sequence[str]
-    flat: bool
+    clipping: Clipping
 
     def gradients(
         self, rows: Sequence[int], losses: Tensor, owner: Tensor, layers: Mapping[str, _Stacked]
@@ -165,7 +167,7 @@ class StackedDPSGD:
         clients = [self.clients[k] for k in rows]
         grads = _per_example_gradients(losses, layers, self.names)
         bound = torch.tensor([c.max_grad_norm for c in clients], device=losses.device)[owner]
-        if self.flat:
+        if self.clipping == "flat":
             norms = torch.stack([g.flatten(1).norm(2, dim=-1) for g in grads.values()], dim=1).norm(2, dim=1)
             factors = dict.fromkeys(grads, (bound / (norms + 1e-6)).clamp(max=1.0))
         else:

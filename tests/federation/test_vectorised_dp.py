@@ -147,16 +147,23 @@ def test_vectorised_dp_noise_std_is_the_sequential_one(tmp_path: Path, noise_sca
     assert abs(float(noise.mean())) < 0.03 * expected
 
 
+def _tapped() -> PerExampleDP:
+    dp = PerExampleDP(seed=0)
+    dp.release = lambda *args: None  # what LeakPoints.with_tap sets when an attack listens at the type-2 leak point
+    return dp
+
+
 @pytest.mark.parametrize(
     ("callbacks", "reason"),
     [
-        ([PerExampleDP()], "PerExampleDP(seed=None)"),
-        ([PerExampleDP(seed=0), PerExampleDP(seed=1)], "client callbacks ['PerExampleDP']"),
+        (lambda: [PerExampleDP()], "PerExampleDP(seed=None)"),
+        (lambda: [PerExampleDP(seed=0), PerExampleDP(seed=1)], "client callbacks ['PerExampleDP']"),
+        (lambda: [_tapped()], "taps the DP-noised local gradient"),
     ],
-    ids=["unseeded", "two_dp_callbacks"],
+    ids=["unseeded", "two_dp_callbacks", "type2_tap"],
 )
 def test_dp_callbacks_refusal_says_why(callbacks, reason: str) -> None:
-    assert reason in dp_callbacks_refusal(callbacks)
+    assert reason in dp_callbacks_refusal(callbacks())
 
 
 def test_vectorised_refusal_of_dp_models() -> None:
@@ -199,7 +206,7 @@ def test_padded_grouped_dp_fit_matches_the_per_client_fit() -> None:
             fit = DPClientFit.of(dp)
             loader = torch.utils.data.DataLoader(range(8), batch_size=4)
             clients.append(DPClient.start(dp, fit, loader, num_tensors=8, device=torch.device("cpu"))[0])
-        stacked = StackedDPSGD(clients, optimizer.names, flat=False)
+        stacked = StackedDPSGD(clients, optimizer.names, clipping="per_layer")
         outcomes[grouped] = fit_stacked(
             stacked_copy(model), starts, data, optimizer, device=torch.device("cpu"), grouped=grouped, dp=stacked
         )
