@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fl import FederatedLoop
-from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import ClientDPSGD, FedCDP, PerExampleDP
 from lightning_fl.federation.vectorised_contract import vectorised_refusal
@@ -20,6 +18,7 @@ from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from lightning_fl.privacy.accounting import PrivacyAccountant
 from lightning_fl.privacy.sampling import PoissonBatchSampler
 from tests.conftest import make_classifier
+from tests.federation.test_vectorised import _run as run_federation
 
 DELTA_TOLERANCE = 1e-5
 """How close a vectorised DP update is to the sequential one, relative to its L2 norm (float32 sums in another
@@ -28,35 +27,13 @@ CLIP = 0.05
 """A clip bound far below this model's per-example gradient norms, so that clipping binds on every example."""
 
 
-class _Updates(FederatedCallback):
-    def __init__(self) -> None:
-        self.updates = []
-
-    def on_client_fit_end(self, federation, update) -> None:
-        self.updates.append(update)
-
-
 def _run(tmp_path: Path, vectorize, defence, *, batch_size: int = 24, loop_options=None, client_callbacks=()):
-    dm = FederatedDataModule(
-        "digits", num_clients=6, partition="dirichlet", alpha=0.5, image_size=16, batch_size=batch_size
+    """Two rounds of 3 of 6 digit clients (SGD 0.5), as tests/federation/test_vectorised.py runs them."""
+    options = {"batch_size": batch_size, "client_callbacks": client_callbacks, "loop_options": loop_options}
+    defences = [defence] if defence is not None else []
+    return run_federation(
+        tmp_path, vectorize, model_options={"optimizer": "sgd", "lr": 0.5}, defences=defences, **options
     )
-    torch.manual_seed(0)
-    recorder = _Updates()
-    options = {"num_rounds": 2, "clients_per_round": 3, "local_epochs": 1, **(loop_options or {})}
-    loop = FederatedLoop(
-        make_classifier(dm, optimizer="sgd", lr=0.5),
-        dm,
-        defences=[defence] if defence is not None else [],
-        callbacks=[recorder],
-        client_callbacks=client_callbacks,
-        output_dir=tmp_path / f"vectorize_{vectorize}",
-        checkpoint=False,
-        progress_bar=False,
-        vectorize=vectorize,
-        **options,
-    )
-    loop.fit()
-    return loop, recorder.updates
 
 
 def _relative_difference(a, b) -> float:

@@ -333,8 +333,9 @@ class PerExampleDP(L.Callback):
             num_tensors=num_tensors,
             batch_size=batch_size,
         )
-        norms = [self.max_grad_norm] * num_tensors if self.clipping == "per_layer" else [self.max_grad_norm]
-        total = torch.norm(torch.Tensor(norms), p=2).item() if self.clipping == "per_layer" else self.max_grad_norm
+        total = self.max_grad_norm  # the whole-gradient clip norm, computed per layer as DPPerLayerOptimizer does
+        if self.clipping == "per_layer":
+            total = torch.norm(torch.Tensor([self.max_grad_norm] * num_tensors), p=2).item()
         accounting = multiplier if self.accounting_noise == "effective" else self.noise_multiplier
         return DPSGDPlan(multiplier, multiplier * total, accounting, sample_rate, batch_size)
 
