@@ -15,6 +15,7 @@ from lightning_fl.federation.vectorised_contract import vectorised_refusal
 from lightning_fl.federation.vectorised_dp import DPClient, DPClientFit, StackedDPSGD, dp_callbacks_refusal
 from lightning_fl.federation.vectorised_fit import ClientBatches, fit_stacked, stacked_copy
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
+from lightning_fl.privacy import Schedule
 from lightning_fl.privacy.accounting import PrivacyAccountant
 from lightning_fl.privacy.sampling import PoissonBatchSampler
 from tests.conftest import make_classifier
@@ -25,6 +26,13 @@ DELTA_TOLERANCE = 1e-5
 order: 1e-6 measured with noise 0, 1.5e-7 with the noise, which draws the same values on both paths)."""
 CLIP = 0.05
 """A clip bound far below this model's per-example gradient norms, so that clipping binds on every example."""
+DECAY = {
+    "noise_multiplier": 1.0,
+    "max_grad_norm": Schedule(0.1, end=0.02, kind="linear", num_rounds=2),
+    "accounting": "federation",
+    "steps_offset": 1,
+}
+"""Fed-CDP(decay) with Fed-CDP's federation-level accounting (Table VI): a clip bound per round, one accountant."""
 
 
 def _run(tmp_path: Path, vectorize, defence, *, batch_size: int = 24, loop_options=None, client_callbacks=()):
@@ -64,15 +72,16 @@ def poisson_sizes(monkeypatch):
         ({"noise_multiplier": 1.0, "clipping": "per_layer", "noise_scaling": "per_example"}, 24),
         ({"noise_multiplier": 1.0, "clipping": "flat", "noise_scaling": "per_batch"}, 2),  # many empty batches
         ({"noise_multiplier": 1.0, "clipping": "flat", "sampling": "shuffled_batches"}, 24),
+        (DECAY, 24),
     ],
-    ids=["no_noise_per_layer", "no_noise_flat", "fed_cdp", "dp_sgd_empty_batches", "shuffled_batches"],
+    ids=["no_noise_per_layer", "no_noise_flat", "fed_cdp", "dp_sgd_empty_batches", "shuffled_batches", "decay"],
 )
 def test_vectorised_dp_matches_the_sequential_updates_and_epsilon(
     tmp_path: Path, options: dict, batch_size: int, poisson_sizes: list[int]
 ) -> None:
     runs = {}
     for vectorize in (False, True):
-        defence = ClientDPSGD(max_grad_norm=CLIP, **options)
+        defence = ClientDPSGD(**{"max_grad_norm": CLIP, **options})
         runs[vectorize] = _run(tmp_path, vectorize, defence, batch_size=batch_size)
     (loop_s, updates_s), (loop_v, updates_v) = runs[False], runs[True]
     assert loop_v.vectorised._stacked is not None  # the DP clients trained stacked
