@@ -3,11 +3,10 @@
 # process each, the sequential path first:
 #   1. vectorise_speed.py: 100 clients a round of the LeNet quickstart (digits, Dirichlet 0.5, Adam, 3 local
 #      epochs), clients trained one by one (the Trainer path on the GPU) against vectorised, on the same GPU (the
-#      wall-time ratio is the figure), then the quickstart itself (10 clients, 5 a round), then the quickstart with
-#      FedCDP in every client (per-example DP on the stacked pass; the final epsilon of both sides must be equal);
+#      wall-time ratio is the figure), then the quickstart itself (10 clients, 5 a round);
 #   2. loop_overhead.py --device cuda: the quickstart (5 clients a round), sequential / vectorised / hand-written.
 # Results in OUT_DIR (default runs/gpu_vectorise): machine.txt, vectorise_100.txt, vectorise_quickstart.txt,
-# vectorise_fed_cdp.txt, loop_overhead.txt. From the repo root:
+# loop_overhead.txt. From the repo root:
 #   bash benchmarks/gpu_vectorise.sh runs/gpu_vectorise
 # CPU smoke test: ACCELERATOR=cpu DEVICE=cpu ROUNDS=1 bash benchmarks/gpu_vectorise.sh /tmp/gpu_vectorise
 set -u
@@ -20,7 +19,5 @@ timeout 240 $PYTHON benchmarks/vectorise_speed.py --accelerator "$ACCELERATOR" -
   --rounds "$ROUNDS" --repeats 2 2>&1 | grep -v Warning | tee "$out/vectorise_100.txt"
 timeout 120 $PYTHON benchmarks/vectorise_speed.py --accelerator "$ACCELERATOR" --clients 10 --per-round 5 \
   --rounds "$ROUNDS" --repeats 2 2>&1 | grep -v Warning | tee "$out/vectorise_quickstart.txt"
-timeout 120 $PYTHON benchmarks/vectorise_speed.py --accelerator "$ACCELERATOR" --clients 10 --per-round 5 \
-  --rounds "$ROUNDS" --repeats 1 --fed-cdp 2>&1 | grep -v Warning | tee "$out/vectorise_fed_cdp.txt"
 timeout 200 $PYTHON benchmarks/loop_overhead.py --device "$DEVICE" --rounds "$ROUNDS" --repeats 1 2>&1 \
   | grep -v Warning | tee "$out/loop_overhead.txt"
