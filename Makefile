@@ -186,16 +186,13 @@ reproduce-performance:
 	{ $(RUN) $(BIN)/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 25 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 100 --per-round 20 --rounds 25 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 10 --repeats 3 --fed-cdp && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --layers --per-round 4 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --layers --per-round 20 && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 --clients 20 && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py memory --clients 1000 --per-round 100 --backbone lenet_dlg && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py ddp --rounds 10 && \
 	  $(RUN) $(BIN)/python benchmarks/scaling.py flower --rounds 25 && \
-	  $(RUN) $(BIN)/python benchmarks/scaling.py vectorise --clients 10 --per-round 5 --rounds 25 \
-	    --backbone lenet_dlg --seeds 0 1 2 && \
-	  $(RUN) $(BIN)/python benchmarks/scaling.py vectorise --clients 100 --per-round 20 --rounds 25 \
-	    --backbone lenet_dlg --seeds 0 1 && \
 	  $(RUN) $(BIN)/python benchmarks/attack_speed.py && \
 	  $(RUN) $(BIN)/python benchmarks/attack_speed.py --sweep 1 4 8 16 && \
 	  $(RUN) $(BIN)/python benchmarks/dp_overhead.py --samples 500 --batch-size 5 --repeats 3 && \

@@ -25,17 +25,7 @@ app with a bare PyTorch client, and our Flower adapter; see ``benchmarks/flower_
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py flower --rounds 25
 
-Section ``vectorise``: the same federation with clients trained one by one (``vectorize=False``) and at
-once (``vectorize=True``), one after the other for each seed (model initialisation and loop seed; the partition is
-fixed), in this process. Prints per seed the CPU and wall time of the rounds alone (client training, aggregation,
-evaluation; start-up and the plots at the end excluded) and of the client step alone, their ratios, the final
-accuracies and how far the vectorised history is from the sequential one (largest difference of any round's train
-loss and test accuracy). The quickstart (10 clients, 5 a round, 25 rounds) and the 100-client workload:
-
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py vectorise --clients 10 --per-round 5 --rounds 25 \
-        --backbone lenet_dlg --seeds 0 1 2
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py vectorise --clients 100 --per-round 20 --rounds 25 \
-        --backbone lenet_dlg --seeds 0
+Clients trained one by one against vectorised (``loop.vectorize``): ``benchmarks/vectorise_speed.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +40,6 @@ import torch
 
 from lightning_fl.bench import build_loop
 from lightning_fl.federation import workers as workers_module
-from lightning_fl.federation.client_round import ClientStep
 
 
 def _cpu_seconds() -> float:
@@ -58,8 +47,11 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _timed(owner: object, name: str, phases: dict[str, list[float]], key: str | None = None) -> None:
-    """Wrap ``owner.name`` so that each call adds its (CPU s, wall s) of this process to ``phases[key or name]``."""
+def time_calls(
+    owner: object, name: str, phases: dict[str, list[float]], key: str | None = None, *, synchronize: bool = False
+) -> None:
+    """Wrap ``owner.name`` so that each call adds its (CPU s, wall s) of this process to ``phases[key or name]``
+    (after ``torch.cuda.synchronize()`` with ``synchronize``: the GPU's queued work counts)."""
     fn, key = getattr(owner, name), key or name
 
     def timed(*args, **kwargs):
@@ -67,6 +59,8 @@ def _timed(owner: object, name: str, phases: dict[str, list[float]], key: str | 
         try:
             return fn(*args, **kwargs)
         finally:
+            if synchronize:
+                torch.cuda.synchronize()
             total = phases.setdefault(key, [0.0, 0.0])
             total[0] += time.process_time() - cpu
             total[1] += time.perf_counter() - wall
@@ -112,7 +106,9 @@ def _job_report(log_dir: str) -> str:
     return "\n".join(lines)
 
 
-def _spec(*, clients: int, partition: str = "dirichlet", backbone: str, seed: int = 0, **loop: object) -> dict:
+def federation_spec(
+    *, clients: int, partition: str = "dirichlet", backbone: str, seed: int = 0, **loop: object
+) -> dict:
     """The benchmarks' federation: ``digits`` split over ``clients`` (Dirichlet 0.5 or IID, the split's seed fixed at
     0), ``ImageClassifier(backbone)`` with Adam 2e-3 initialised from ``seed``; ``loop`` holds the loop's options."""
     return {
@@ -135,18 +131,18 @@ def run_workers(
 ) -> dict:
     options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 2, "workers": workers}
     with tempfile.TemporaryDirectory() as out:
-        loop = build_loop(_spec(clients=clients, backbone=backbone, **options, backend=backend), out)
+        loop = build_loop(federation_spec(clients=clients, backbone=backbone, **options, backend=backend), out)
         if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
             loop.evaluator.threads = eval_threads
         phases: dict[str, list[float]] = {}
         originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
         originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
-        _timed(loop, "evaluate", phases)
-        _timed(loop.server_step, "run", phases, "server round")
-        _timed(loop.runner, "fit", phases, "client fits here")
+        time_calls(loop, "evaluate", phases)
+        time_calls(loop.server_step, "run", phases, "server round")
+        time_calls(loop.runner, "fit", phases, "client fits here")
         for name in ("job", "collect"):  # packing jobs, unpacking results (loop process)
-            _timed(workers_module, name, phases, f"workers.{name}")
-        _timed(workers_module.WorkerPool, "run", phases, "pool.run (pack + wait)")
+            time_calls(workers_module, name, phases, f"workers.{name}")
+        time_calls(workers_module.WorkerPool, "run", phases, "pool.run (pack + wait)")
         job_logs = os.path.join(out, "jobs")
         os.makedirs(job_logs)
         _timed_jobs(job_logs)
@@ -182,7 +178,7 @@ def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
     from lightning_fl.defences import KeyLocks
 
     options = {"num_rounds": -(-clients // per_round), "clients_per_round": per_round, "local_steps": 1}
-    spec = _spec(clients=clients, partition="iid", backbone=backbone, **options, eval_every=0)
+    spec = federation_spec(clients=clients, partition="iid", backbone=backbone, **options, eval_every=0)
     with tempfile.TemporaryDirectory() as out:
         loop = build_loop({**spec, "defences": [KeyLocks()]}, out)
         loop.selector.select = lambda ctx: list(  # every client once
@@ -273,51 +269,9 @@ def run_flower(*, rounds: int) -> None:
             print(f"| {name} | {wall:.1f} | {sum(seen.values()):.1f} | {accuracies[-1]:.4f} | {same} | {load:.1f} |")
 
 
-def run_vectorise(
-    *, clients: int, per_round: int, rounds: int, seeds: list[int], backbone: str, accelerator: str
-) -> None:
-    print(
-        "| seed | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio | client step CPU s seq / vec "
-        "| ratio | accuracy seq / vec | max abs diff train loss / accuracy | load before |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for seed in seeds:
-        load = os.getloadavg()[0]
-        s, v = (
-            _vectorise_run(clients, vectorize, seed, rounds, per_round, backbone, accelerator) for vectorize in (0, 1)
-        )
-        loss = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(s["h"], v["h"], strict=True))
-        acc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(s["h"], v["h"], strict=True))
-        print(
-            f"| {seed} | {s['rounds'][0]:.2f} / {v['rounds'][0]:.2f} | {v['rounds'][0] / s['rounds'][0]:.2f} "
-            f"| {s['rounds'][1]:.2f} / {v['rounds'][1]:.2f} | {v['rounds'][1] / s['rounds'][1]:.2f} "
-            f"| {s['clients'][0]:.2f} / {v['clients'][0]:.2f} | {v['clients'][0] / s['clients'][0]:.2f} "
-            f"| {s['acc']:.4f} / {v['acc']:.4f} | {loss:.1e} / {acc:.1e} | {load:.1f} |",
-            flush=True,
-        )
-
-
-def _vectorise_run(
-    clients: int, vectorize: int, seed: int, rounds: int, per_round: int, backbone: str, accelerator: str
-) -> dict:
-    options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 3}
-    options |= {"vectorize": bool(vectorize), "trainer": {"accelerator": accelerator}}
-    with tempfile.TemporaryDirectory() as out:
-        loop = build_loop(_spec(clients=clients, backbone=backbone, seed=seed, **options), out)
-        phases: dict[str, list[float]] = {}
-        _timed(loop, "run_round", phases, "rounds")
-        run = ClientStep.run  # the loop builds its client step when it fits: time the class's method, then restore it
-        _timed(ClientStep, "run", phases, "clients")
-        try:
-            loop.fit()
-        finally:
-            ClientStep.run = run
-    return {**phases, "acc": loop.history[-1]["test_accuracy"], "h": loop.history}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["workers", "memory", "ddp", "flower", "flower-run", "vectorise"])
+    parser.add_argument("section", choices=["workers", "memory", "ddp", "flower", "flower-run"])
     parser.add_argument("impl", nargs="?", choices=["bare", "adapter"], help="flower-run: which Flower app")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
@@ -325,8 +279,6 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="vectorise: one pair of runs per seed")
-    parser.add_argument("--accelerator", default="cpu", help="vectorise: loop.trainer's accelerator (cpu, gpu)")
     parser.add_argument(
         "--eval-threads",
         type=int,
@@ -347,10 +299,6 @@ def main() -> None:
         return
     if args.section == "ddp":
         run_ddp(rounds=args.rounds)
-        return
-    if args.section == "vectorise":
-        options = {"clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "seeds": args.seeds}
-        run_vectorise(**options, backbone=args.backbone, accelerator=args.accelerator)
         return
     if args.section == "memory":
         print(

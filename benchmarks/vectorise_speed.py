@@ -1,10 +1,14 @@
 """CPU time of a federation's rounds with clients trained one by one and vectorised (``loop.vectorize``), A/B.
 
 The federation is the quickstart's (digits, Dirichlet 0.5, Adam 2e-3, 3 local epochs, batch 32, the sigmoid DLG
-LeNet, or ``--backbone``) with ``--clients`` clients, ``--per-round`` a round. Each repeat builds both loops from the
-same seed and fits them one after the other, the order alternating between repeats (interleaved A/B on a shared
-machine). The figures are the time inside ``run_round`` (start-up excluded): this process's CPU time (the one to read
-on a shared CPU) and the wall time (the one to read on a GPU), with the ratios vectorised / sequential.
+LeNet, or ``--backbone``) with ``--clients`` clients, ``--per-round`` a round, built by
+``lightning_fl.bench.build_loop`` (``scaling.federation_spec``); ``--fed-cdp`` adds the ``FedCDP`` defence
+(per-example DP-SGD in every client, the paper's sigma 6 and C 4, Poisson batches). Each repeat builds both loops from
+the same seed and fits them one after the other, the order alternating between repeats (interleaved A/B on a shared
+machine). The figures are the time inside ``run_round`` (start-up excluded) and inside the client step alone: this
+process's CPU time (the one to read on a shared CPU) and the wall time (the one to read on a GPU), with the ratios
+vectorised / sequential; then the final accuracies, the largest difference of any round's train loss and test
+accuracy, and (``--fed-cdp``) the final epsilon of both, which must be equal.
 ``--profile`` instead runs the vectorised rounds once under cProfile and prints the top entries; ``--layers`` times the
 DLG LeNet's convolutional body (forward and backward, B = 32, ``--per-round`` clients) in the three forms: one NCHW
 convolution per client (as the sequential fit), one channels-last convolution per client (the vectorised fit on a CPU)
@@ -12,6 +16,7 @@ and one grouped convolution (on a GPU; the form ``torch.func.vmap`` gives).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 10 --per-round 5
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 100 --per-round 20
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --fed-cdp
 """
 
 from __future__ import annotations
@@ -24,47 +29,43 @@ import tempfile
 import time
 
 import torch
+from scaling import federation_spec, time_calls
 
-from lightning_fl import FederatedLoop, ImageClassifier
-from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.bench import build_loop
+from lightning_fl.federation.client_round import ClientStep
 from lightning_fl.federation.vectorised_fit import StackedConv2d
 from lightning_fl.models.lenet import LeNetDLG
 
 
 def _fit(
-    dm: FederatedDataModule,
     *,
     vectorize: bool,
+    clients: int,
     per_round: int,
     rounds: int,
     seed: int,
     accelerator: str,
     backbone: str,
-) -> tuple[float, float, list]:
-    """The CPU and wall seconds of the loop's rounds, and its history."""
+    fed_cdp: bool,
+) -> tuple[dict[str, list[float]], list]:
+    """The (CPU s, wall s) of the loop's rounds and of its client steps, and its history."""
+    options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 3, "vectorize": vectorize}
+    spec = federation_spec(
+        clients=clients, backbone=backbone, seed=seed, **options, trainer={"accelerator": accelerator}
+    )
+    if fed_cdp:
+        spec["defences"] = [{"class_path": "lightning_fl.defences.FedCDP"}]
     with tempfile.TemporaryDirectory() as out:
-        torch.manual_seed(seed)
-        model = ImageClassifier(backbone, **dm.model_options, lr=2e-3)
-        loop = FederatedLoop(
-            model, dm, num_rounds=rounds, clients_per_round=per_round, local_epochs=3, seed=seed, output_dir=out,
-            checkpoint=False, progress_bar=False, vectorize=vectorize, trainer={"accelerator": accelerator},
-        )  # fmt: skip
-        spent = [0.0, 0.0]
-        run_round = loop.run_round
-
-        def timed(*args, **kwargs):
-            cpu, wall = time.process_time(), time.perf_counter()
-            try:
-                return run_round(*args, **kwargs)
-            finally:
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                spent[0] += time.process_time() - cpu
-                spent[1] += time.perf_counter() - wall
-
-        loop.run_round = timed
-        loop.fit()
-        return spent[0], spent[1], loop.history
+        loop = build_loop(spec, out)
+        phases: dict[str, list[float]] = {}
+        time_calls(loop, "run_round", phases, "rounds", synchronize=torch.cuda.is_available())
+        run = ClientStep.run  # the loop builds its client step when it fits: time the class's method, then restore it
+        time_calls(ClientStep, "run", phases, "clients", synchronize=torch.cuda.is_available())
+        try:
+            loop.fit()
+        finally:
+            ClientStep.run = run
+        return phases, loop.history
 
 
 def _body_times(clients: int, batch: int = 32, repeats: int = 5, calls: int = 10) -> dict[str, float]:
@@ -116,39 +117,46 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backbone", default="lenet_dlg", help="ImageClassifier's backbone (one that qualifies)")
     parser.add_argument("--accelerator", default="cpu", help="loop.trainer's accelerator: cpu or gpu")
+    parser.add_argument("--fed-cdp", action="store_true", help="every client with FedCDP (per-example DP-SGD)")
     parser.add_argument("--layers", action="store_true", help="time the LeNet body's three forms instead")
     parser.add_argument("--profile", action="store_true", help="cProfile the vectorised rounds once instead")
     args = parser.parse_args()
-    dm = FederatedDataModule("digits", num_clients=args.clients, partition="dirichlet", alpha=0.5, seed=0)
-    dm.setup()
-    run = {"per_round": args.per_round, "rounds": args.rounds, "seed": args.seed}
-    run.update(accelerator=args.accelerator, backbone=args.backbone)
+    run = {"clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "seed": args.seed}
+    run.update(accelerator=args.accelerator, backbone=args.backbone, fed_cdp=args.fed_cdp)
     if args.layers:
         for name, ms in _body_times(args.per_round).items():
             print(f"{name}: {ms:.2f} ms CPU per client step (B = 32, {args.per_round} clients)")
         return
     if args.profile:
         profile = cProfile.Profile()
-        profile.runcall(_fit, dm, vectorize=True, **run)
+        profile.runcall(_fit, vectorize=True, **run)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
-    header = (
-        "| repeat | order | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio | final accuracy seq / vec"
+    print(
+        "| repeat | order | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio "
+        "| client step CPU s seq / vec | ratio | final accuracy seq / vec | max abs diff train loss / accuracy "
+        "| final epsilon seq / vec | load |"
     )
-    print(f"{header} | max abs diff train loss | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for repeat in range(args.repeats):
         load, order = os.getloadavg()[0], (False, True) if repeat % 2 == 0 else (True, False)
-        timed = {vectorize: _fit(dm, vectorize=vectorize, **run) for vectorize in order}
-        (seq, wseq, hs), (vec, wvec, hv) = timed[False], timed[True]
+        timed = {vectorize: _fit(vectorize=vectorize, **run) for vectorize in order}
+        (s, hs), (v, hv) = timed[False], timed[True]
         loss = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(hs, hv, strict=True))
+        acc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(hs, hv, strict=True))
+        epsilon = f"{hs[-1]['epsilon']:.4f} / {hv[-1]['epsilon']:.4f}" if args.fed_cdp else "-"
         first = "seq, vec" if order[0] is False else "vec, seq"
         print(
-            f"| {repeat} | {first} | {seq:.2f} / {vec:.2f} | {vec / seq:.2f} "
-            f"| {wseq:.2f} / {wvec:.2f} | {wvec / wseq:.2f} "
-            f"| {hs[-1]['test_accuracy']:.4f} / {hv[-1]['test_accuracy']:.4f} | {loss:.1e} | {load:.1f} |",
+            f"| {repeat} | {first} | {_pair(s, v, 'rounds', 0)} | {_pair(s, v, 'rounds', 1)} "
+            f"| {_pair(s, v, 'clients', 0)} | {hs[-1]['test_accuracy']:.4f} / {hv[-1]['test_accuracy']:.4f} "
+            f"| {loss:.1e} / {acc:.1e} | {epsilon} | {load:.1f} |",
             flush=True,
         )
+
+
+def _pair(s: dict[str, list[float]], v: dict[str, list[float]], phase: str, clock: int) -> str:
+    """``seq / vec | ratio`` of one phase's CPU (``clock`` 0) or wall (1) seconds."""
+    return f"{s[phase][clock]:.2f} / {v[phase][clock]:.2f} | {v[phase][clock] / s[phase][clock]:.2f}"
 
 
 if __name__ == "__main__":

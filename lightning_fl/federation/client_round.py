@@ -195,7 +195,11 @@ class ClientStep:
                 train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
                 updates.append(self._finish(ctx, received, train, failures))
             return [u for u in updates if u is not None]
-        started = [self._start(round_ctx, k) for k in selected]
+        started = []
+        for k in selected:
+            started.append(self._start(round_ctx, k))
+            if pool is self.vectorised:  # what the fit-start callbacks set for this client (DP settings)
+                pool.client_started(k)
         results = pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
             self._finish(ctx, received, functools.partial(pool.collect, results[ctx.client_id]), failures)

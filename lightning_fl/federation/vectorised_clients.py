@@ -7,7 +7,9 @@ it takes ``(client_id, round_idx, received)`` fits and returns one result per cl
 into the raw update. Each client starts from what it received plus its own private state (loaded by
 :meth:`ClientRunner.load_client <lightning_fl.federation.client_runner.ClientRunner.load_client>`) and trains on the
 batches its own seeded loader yields, as in the sequential fit; its trained parameters are loaded back into the
-runner's worker before its update is built, so client transforms see the client's model as they do there.
+runner's worker before its update is built, so client transforms see the client's model as they do there. A client
+with per-example DP (a seeded ``PerExampleDP``) trains with its own DP-SGD settings, taken when its fit starts
+(:meth:`VectorisedClients.client_started`) and put back before its fit ends (:mod:`~.vectorised_dp`).
 """
 
 from __future__ import annotations
@@ -26,15 +28,24 @@ from torch import Tensor
 
 from lightning_fl.contexts import ClientContext, RoundContext
 from lightning_fl.federation.client_runner import seed_all
-from lightning_fl.federation.fabric_fit import FitOutcome, options_need_trainer
+from lightning_fl.federation.fabric_fit import FitOutcome
 from lightning_fl.federation.failures import ClientFailure, client_work
 from lightning_fl.federation.vectorised_contract import Vectorize, use_vectorised, vectorised_device, vectorised_refusal
+from lightning_fl.federation.vectorised_dp import (
+    DPClient,
+    DPClientFit,
+    StackedDPSGD,
+    dp_callbacks_refusal,
+    dp_model_refusal,
+    per_example_dp,
+)
 from lightning_fl.federation.vectorised_fit import ClientBatches, StackedModel, fit_stacked, stacked_copy
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import load_state_into
 
 if TYPE_CHECKING:
+    from lightning_fl.defences.dp.dp_sgd import PerExampleDP
     from lightning_fl.federation.client_runner import ClientRunner
 
 __all__ = ["VectorisedClients", "VectorisedResult"]
@@ -81,6 +92,8 @@ class VectorisedClients:
         self._model_refusal: str | None = None
         self._stacked: StackedModel | None = None
         self._said: str | None = None
+        self._dp: PerExampleDP | None = None
+        self._dp_fits: dict[int, DPClientFit] = {}
 
     def for_round(self, callbacks: Sequence[Sequence[L.Callback]]) -> VectorisedClients | None:
         """``self`` when the round's clients, with these Trainer ``callbacks`` (one list per client), train
@@ -90,7 +103,10 @@ class VectorisedClients:
         runner = self.runner
         if self._model_refusal is None:
             self._model_refusal = vectorised_refusal(runner.worker, options=runner.trainer_options) or ""
-        refusal = next((options_need_trainer({}, cbs) for cbs in callbacks if cbs), None)
+        refusal = next((why for why in map(dp_callbacks_refusal, callbacks) if why), None)
+        self._dp, self._dp_fits = next((dp for dp in map(per_example_dp, callbacks) if dp), None), {}
+        if self._dp is not None and not refusal:
+            refusal = dp_model_refusal(runner.worker)
         refusal = "inner_fit='trainer'" if runner.inner_fit == "trainer" else refusal or self._model_refusal or None
         parameters = sum(p.numel() for p in runner.worker.parameters())
         use, why = use_vectorised(self.mode, refusal, clients=len(callbacks), parameters=parameters, device=self.device)
@@ -101,37 +117,51 @@ class VectorisedClients:
             log.info("vectorised client fit: %s (%s)", "yes" if use else "no", why)
         return self if use else None
 
+    def client_started(self, client_id: int) -> None:
+        """Take the per-fit settings the client callbacks hold now that ``client_id``'s fit-start callbacks ran (a
+        ``PerExampleDP``'s clip bound, seed, sample rate and accountant, which ``ClientDPSGD`` sets per client)."""
+        if self._dp is not None:
+            self._dp_fits[client_id] = DPClientFit.of(self._dp)
+
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, VectorisedResult]:
         """Train ``(client_id, round_idx, received)`` fits at once; results by client id."""
         runner, worker = self.runner, self.runner.worker
-        results, starts, data = {}, [], []
+        optimizer = worker.configure_optimizers()
+        stacked = StackedOptimizer.like(optimizer, {id(p): name for name, p in worker.named_parameters()})
+        results, starts, data, dp_clients = {}, [], [], []
         for i, (client_id, round_idx, received) in enumerate(fits):
             result = results[client_id] = VectorisedResult(client_id, round_idx, received)
             ctx = runner.context(RoundContext(runner.spec, round_idx), client_id)
             runner.load_client(ctx, received)
             try:
                 with client_work(client_id, "training"):
-                    batches, result.batch_size = self._batches(ctx, last=i == len(fits) - 1)
+                    batches, result.batch_size, dp_client = self._batches(
+                        ctx, last=i == len(fits) - 1, num_tensors=len(stacked.names)
+                    )
             except ClientFailure as failure:
                 result.failure = failure
                 continue
             starts.append({name: p.detach().clone() for name, p in worker.named_parameters()})
             data.append(batches)
+            dp_clients.append(dp_client)
         trained = [r for r in results.values() if r.failure is None]
         if not trained:
             return results
-        optimizer = worker.configure_optimizers()
-        stacked = StackedOptimizer.like(optimizer, {id(p): name for name, p in worker.named_parameters()})
+        dp = None
+        if self._dp is not None:
+            dp = StackedDPSGD(dp_clients, stacked.names, clipping=self._dp.clipping)
         try:
             if self._stacked is None:
                 self._stacked = stacked_copy(worker)
-            outcomes = fit_stacked(self._stacked, starts, data, stacked, device=self.device)
+            outcomes = fit_stacked(self._stacked, starts, data, stacked, device=self.device, dp=dp)
         except Exception as error:  # the clients' own training step raised: every client of the stack failed
             for r in trained:
                 r.failure = ClientFailure(r.client_id, "vectorised training", repr(error))
                 r.failure.__cause__ = error
             return results
-        for r, outcome in zip(trained, outcomes, strict=True):
+        for r, outcome, dp_client in zip(trained, outcomes, dp_clients, strict=True):
+            if dp_client is not None:
+                dp_client.account(outcome.steps)
             r.trained = outcome.state
             metrics = {runner.train_loss_key: outcome.loss}
             r.outcome = FitOutcome(metrics, outcome.steps, outcome.epochs, optimizer)
@@ -143,6 +173,8 @@ class VectorisedClients:
         Raises:
             ClientFailure: when the client's data or the vectorised training step raised.
         """
+        if result.client_id in self._dp_fits:
+            self._dp_fits[result.client_id].restore(self._dp)
         if result.failure is not None:
             raise result.failure
         load_state_into(self.runner.worker, result.trained)
@@ -150,12 +182,16 @@ class VectorisedClients:
             result.client_id, result.round_idx, result.received, result.outcome, batch_size=result.batch_size
         )
 
-    def _batches(self, ctx: ClientContext, *, last: bool) -> tuple[ClientBatches, int | None]:
+    def _batches(
+        self, ctx: ClientContext, *, last: bool, num_tensors: int
+    ) -> tuple[ClientBatches, int | None, DPClient | None]:
         """The batches client ``ctx.client_id``'s seeded loader yields in its fit, drawn as the sequential fit draws
-        them. The host generators are seeded for each client (data randomness), the device ones only for the
-        ``last`` (``torch.manual_seed`` on a CUDA build also queues a CUDA seed with a captured stack), so the
-        generators end the round as the sequential path leaves them; a dropout model's masks are drawn from them
-        afterwards, so its generators move on differently (see :mod:`~.vectorised_contract`)."""
+        them (its Poisson batches with per-example DP), its batch size, and its DP-SGD client (``None`` without DP,
+        see :class:`~.vectorised_dp.DPClient`; ``num_tensors`` trained parameter tensors). The host generators are
+        seeded for each client (data randomness), the device ones only for the ``last`` (``torch.manual_seed`` on a
+        CUDA build also queues a CUDA seed with a captured stack), so the generators end the round as the sequential
+        path leaves them; a dropout model's masks are drawn from them afterwards, so its generators move on
+        differently (see :mod:`~.vectorised_contract`)."""
         runner = self.runner
         fit_seed = ctx.seed("fit", ctx.client_id)
         if last:
@@ -165,6 +201,10 @@ class VectorisedClients:
             np.random.seed(fit_seed)
             torch.default_generator.manual_seed(fit_seed)
         loader = runner.datamodule.train_dataloader(ctx.client_id, seed=fit_seed)
+        batch_size, dp_client = getattr(loader, "batch_size", None), None
+        if self._dp is not None:
+            fit = self._dp_fits[ctx.client_id]
+            dp_client, loader = DPClient.start(self._dp, fit, loader, num_tensors=num_tensors, device=self.device)
         max_steps, max_epochs = runner.local_steps or -1, runner.local_epochs
         batches, epochs, epoch = [], [], 0
         while (max_steps > 0 and len(batches) < max_steps) or (max_steps <= 0 and epoch < max_epochs):
@@ -177,4 +217,4 @@ class VectorisedClients:
             epoch += 1
             if len(batches) == before:  # an empty loader: nothing to train on
                 break
-        return ClientBatches(batches, epochs), getattr(loader, "batch_size", None)
+        return ClientBatches(batches, epochs), batch_size, dp_client

@@ -18,7 +18,9 @@ al., JMLR 2014, Sec. 4), so each client's examples get their own independent dra
 from the round's seeded generator, not each client's own stream, so a dropout model's vectorised history equals the
 sequential one in distribution, not to float tolerance.
 
-Per-example DP (``PerExampleDP``) is a client callback, so its clients take the Trainer path.
+Per-example DP qualifies: a client whose only Trainer callback is a seeded ``PerExampleDP`` (``ClientDPSGD``,
+``FedCDP``) is clipped and noised per example on the stacked pass as its own fit would be (:mod:`~.vectorised_dp`);
+any other client callback sends the round to the Trainer path.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_fl.federation.fabric_fit import model_needs_trainer, options_need_trainer
+from lightning_fl.federation.vectorised_dp import dp_callbacks_refusal, dp_model_refusal, per_example_dp
 from lightning_fl.federation.vectorised_fit import STACKED_LAYERS
 from lightning_fl.federation.vectorised_optim import stacked_optimizer_refusal
 from lightning_fl.private import private_state
@@ -66,7 +69,9 @@ def vectorised_refusal(
     if vectorised_device(options) is None:
         return f"loop.trainer devices={options.get('devices')!r}: the vectorised fit runs on one device"
     relaxed = {k: v for k, v in options.items() if k not in _DEVICE_OPTIONS}
-    return options_need_trainer(relaxed, callbacks) or model_needs_trainer(model) or _model_refusal(model)
+    dp = dp_model_refusal(model) if per_example_dp(callbacks) else None
+    refusal = options_need_trainer(relaxed, ()) or dp_callbacks_refusal(callbacks) or dp
+    return refusal or model_needs_trainer(model) or _model_refusal(model)
 
 
 def _model_refusal(model: L.LightningModule) -> str | None:

@@ -21,9 +21,10 @@ sequential fit.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -31,6 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
+
+if TYPE_CHECKING:
+    from lightning_fl.federation.vectorised_dp import StackedDPSGD
 
 __all__ = [
     "ClientBatches",
@@ -53,6 +57,19 @@ class _Stacked(nn.Module):
         self.grouped = False
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
+        self.records: list[tuple[Tensor, Tensor, int]] | None = None
+
+    def _recorded(self, x: Tensor, out: Tensor) -> Tensor:
+        """``out``; with ``records`` on (per-example DP), its input and output are kept for
+        :meth:`per_example_gradients`, with the output's version (an in-place change afterwards would be seen)."""
+        if self.records is not None:
+            self.records.append((x, out, out._version))
+        return out
+
+    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
+        """Each example's gradient of this layer's ``weight`` and ``bias`` (``(examples, *shape)``), given the layer's
+        input ``x`` and the gradient ``grad_out`` of the example's own loss at its output."""
+        raise NotImplementedError
 
     def _equal(self) -> bool:
         return all(size == self.sizes[0] for size in self.sizes)
@@ -78,8 +95,18 @@ class StackedConv2d(_Stacked):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.grouped and self._equal():
-            return self._grouped(x)
-        return self._each(x.contiguous(memory_format=torch.channels_last), self._conv)
+            return self._recorded(x, self._grouped(x))
+        return self._recorded(x, self._each(x.contiguous(memory_format=torch.channels_last), self._conv))
+
+    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
+        """The per-example gradients of a convolution as Opacus computes them: the input's patches
+        (``F.unfold``) times the output gradient at each position, summed over positions, per group."""
+        shape, n, groups = self.weight.shape[1:], len(x), self.groups
+        patches = F.unfold(x, shape[-2:], dilation=self.dilation, padding=self.padding, stride=self.stride)
+        patches = patches.reshape(n, groups, patches.shape[1] // groups, patches.shape[-1])
+        grads = grad_out.reshape(n, groups, shape[0] // groups, patches.shape[-1])
+        weight = torch.einsum("ngol,ngkl->ngok", grads, patches).reshape(n, *shape)
+        return {"weight": weight, "bias": grad_out.sum((2, 3))}
 
     def _conv(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
@@ -104,15 +131,22 @@ class StackedLinear(_Stacked):
     matrix product when the clients' sizes are equal, else one product per client."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self._equal():
-            return self._each(x, F.linear)
+        if not self._equal() or not self.sizes[0]:
+            return self._recorded(x, self._each(x, F.linear))
         n, lead = len(self.sizes), x.shape[:-1]
         flat = x.reshape(n, -1, x.shape[-1])
         if self.bias is None:
             out = torch.bmm(flat, self.weight.transpose(1, 2))
         else:
             out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))
-        return out.reshape(*lead, -1)
+        return self._recorded(x, out.reshape(*lead, -1))
+
+    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
+        """The per-example gradients of a linear layer: the outer product of output gradient and input, summed over
+        any dimensions between the example and the features."""
+        n, positions = len(x), math.prod(x.shape[1:-1])  # sizes spelt out: a step's batches may all be empty
+        grads, inputs = grad_out.reshape(n, positions, grad_out.shape[-1]), x.reshape(n, positions, x.shape[-1])
+        return {"weight": torch.einsum("nlo,nli->noi", grads, inputs), "bias": grads.sum(1)}
 
 
 STACKED_LAYERS: dict[type[nn.Module], type[_Stacked]] = {nn.Conv2d: StackedConv2d, nn.Linear: StackedLinear}
@@ -170,13 +204,16 @@ def fit_stacked(
     *,
     device: torch.device,
     grouped: bool | None = None,
+    dp: StackedDPSGD | None = None,
 ) -> list[StackedOutcome]:
     """Train ``len(starts)`` clients of ``model`` at once, client ``k`` from its parameters ``starts[k]`` on
     ``data[k]`` (the stacked copy of a model that :func:`~.vectorised_contract.vectorised_refusal` passes).
 
     ``grouped`` (default: on a GPU) pads each step's batches to the longest with weight-0 copies of their first
     example, so every convolution of the step is one grouped convolution; otherwise each client's convolution runs on
-    its own examples.
+    its own examples. With ``dp`` each client's gradient is its clipped, noised per-example gradients instead of the
+    gradient of its mean loss (per-example DP-SGD, :class:`~.vectorised_dp.StackedDPSGD`); its batches may then be
+    empty (Poisson sampling).
 
     Returns:
         one outcome per client, in the order of ``starts``; trained parameters on the CPU.
@@ -197,12 +234,17 @@ def fit_stacked(
             leaves = {name: params[name][:n].detach().requires_grad_() for name in optimizer.names}
             rows = {name: leaves.get(name, value[:n]) for name, value in params.items()}
             batches = [data[k].batches[t] for k in order[:n]]
-            losses, sizes = _client_losses(clone, layers, rows, batches, device, pad=grouped)
-            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            optimizer.step(params, dict(zip(leaves, grads, strict=True)), active=n, step=t + 1)
+            record = dp is not None
+            losses, owner, sizes = _example_losses(clone, layers, rows, batches, device, pad=grouped, record=record)
+            sums = torch.zeros(n, device=device).index_add(0, owner, losses)
+            if dp is None:
+                grads = torch.autograd.grad((sums / sizes.clamp(min=1)).sum(), list(leaves.values()))
+                optimizer.step(params, dict(zip(leaves, grads, strict=True)), active=n, step=t + 1)
+            else:
+                optimizer.step(params, dp.gradients(order[:n], losses, owner, layers), active=n, step=t + 1)
             last = torch.tensor([data[k].epochs[t] == e for k, e in zip(order[:n], last_epoch, strict=False)])
             last = last.to(device)
-            total[:n] += torch.where(last, losses.detach() * sizes, 0.0)
+            total[:n] += torch.where(last, sums.detach(), 0.0)
             count[:n] += torch.where(last, sizes, 0.0)
     outcomes: list[StackedOutcome | None] = [None] * len(order)
     for row, k in enumerate(order):
@@ -212,7 +254,7 @@ def fit_stacked(
     return outcomes
 
 
-def _client_losses(
+def _example_losses(
     model: L.LightningModule,
     layers: dict[str, _Stacked],
     rows: dict[str, Tensor],
@@ -220,10 +262,12 @@ def _client_losses(
     device: torch.device,
     *,
     pad: bool,
-) -> tuple[Tensor, Tensor]:
-    """Each client's mean loss over its batch of this step (row ``i``: ``batches[i]`` with parameters ``rows[.][i]``),
-    and its batch size: the clients' batches laid end to end through one pass of the stacked model, as they are or
-    (``pad``) each padded to the longest with copies of its first example, whose losses count with weight 0."""
+    record: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The loss of each example of the clients' batches of this step (row ``i``: ``batches[i]`` with parameters
+    ``rows[.][i]``), laid end to end through one pass of the stacked model as they are or (``pad``) each padded to the
+    longest with copies of its first example, whose losses are 0; the client row of each laid example; and each
+    client's batch size. ``record`` keeps each stacked layer's input and output (per-example DP)."""
     sizes = [_length(b) for b in batches]
     longest = max(sizes)
     laid = [_padded(b, longest) for b in batches] if pad else batches
@@ -231,6 +275,7 @@ def _client_losses(
         layer.sizes = [longest] * len(sizes) if pad else sizes
         layer.weight = rows[f"{name}.weight"]
         layer.bias = rows.get(f"{name}.bias")
+        layer.records = [] if record else None
     first = laid[0]
     if isinstance(first, Tensor):
         batch = torch.cat(laid).to(device, non_blocking=True)
@@ -244,19 +289,24 @@ def _client_losses(
             "examples; it must return one loss per example (loop.vectorize=false avoids it)."
         )
     counts = torch.tensor(sizes, device=device)
+    owner = torch.repeat_interleave(torch.arange(len(sizes), device=device), longest if pad else counts)
     if pad:
-        real = torch.arange(longest, device=device) < counts.unsqueeze(1)
-        return (losses.view(len(sizes), longest) * real).sum(1) / counts, counts
-    owner = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts)
-    return torch.zeros(len(sizes), device=device).index_add(0, owner, losses) / counts, counts
+        real = (torch.arange(longest, device=device) < counts.unsqueeze(1)).flatten()
+        losses = torch.where(real, losses, 0.0)
+    return losses, owner, counts
 
 
 def _padded(batch: Any, longest: int) -> Any:
-    """``batch`` (a tensor or a tuple/list of tensors) with copies of its first example appended up to ``longest``."""
+    """``batch`` (a tensor or a tuple/list of tensors) with copies of its first example appended up to ``longest``
+    (zeros for an empty batch)."""
 
     def pad(field: Tensor) -> Tensor:
         missing = longest - len(field)
-        return torch.cat([field, field[:1].expand(missing, *field.shape[1:])]) if missing else field
+        if not missing:
+            return field
+        shape = (missing, *field.shape[1:])
+        filler = field[:1].expand(shape) if len(field) else field.new_zeros(shape)
+        return torch.cat([field, filler])
 
     return pad(batch) if isinstance(batch, Tensor) else type(batch)(pad(f) for f in batch)
 

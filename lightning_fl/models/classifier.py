@@ -87,8 +87,10 @@ class ImageClassifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
-        # summed here and logged once per epoch: ``self.log`` costs ~2 ms a call, as much as a LeNet step
-        self._loss_sum, self._loss_count = self._loss_sum + loss.detach() * len(y), self._loss_count + len(y)
+        # summed here and logged once per epoch: ``self.log`` costs ~2 ms a call, as much as a LeNet step; an empty
+        # (Poisson-sampled, DP-SGD) batch has no loss to add (its mean is NaN)
+        if len(y):
+            self._loss_sum, self._loss_count = self._loss_sum + loss.detach() * len(y), self._loss_count + len(y)
         return loss
 
     def per_example_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:

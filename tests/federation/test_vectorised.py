@@ -35,8 +35,12 @@ class _Updates(FederatedCallback):
         self.updates.append(update)
 
 
-def _run(tmp_path: Path, vectorize, *, model_options=None, loop_options=None, defences=()):
-    dm = FederatedDataModule("digits", num_clients=6, partition="dirichlet", alpha=0.5, image_size=16, batch_size=24)
+def _run(
+    tmp_path: Path, vectorize, *, model_options=None, loop_options=None, defences=(), batch_size=24, client_callbacks=()
+):
+    dm = FederatedDataModule(
+        "digits", num_clients=6, partition="dirichlet", alpha=0.5, image_size=16, batch_size=batch_size
+    )
     torch.manual_seed(0)
     recorder = _Updates()
     options = {"num_rounds": 2, "clients_per_round": 3, "local_epochs": 1, **(loop_options or {})}
@@ -45,6 +49,7 @@ def _run(tmp_path: Path, vectorize, *, model_options=None, loop_options=None, de
         dm,
         defences=defences,
         callbacks=[recorder],
+        client_callbacks=client_callbacks,
         output_dir=tmp_path / f"vectorize_{vectorize}",
         checkpoint=False,
         progress_bar=False,

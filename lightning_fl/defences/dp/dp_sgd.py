@@ -11,6 +11,7 @@ References:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import lightning as L
@@ -40,7 +41,7 @@ from lightning_fl.validation import check_non_negative, check_positive
 if TYPE_CHECKING:
     from lightning_fl.federation.leak_points import GradientRelease
 
-__all__ = ["AccountingNoise", "PerExampleDP", "Sampling", "check_dp_sgd_options"]
+__all__ = ["AccountingNoise", "DPSGDPlan", "PerExampleDP", "Sampling", "check_dp_sgd_options"]
 
 AccountingNoise = Literal["nominal", "effective"]
 Sampling = Literal["poisson", "shuffled_batches"]
@@ -96,6 +97,27 @@ def check_dp_sgd_options(
         allowed, hint = _CHOICES[name]
         if value not in get_args(allowed):
             raise ValueError(f"{owner}({name}={value!r}) is unknown; {hint}.")
+
+
+@dataclass(frozen=True)
+class DPSGDPlan:
+    r"""The numbers of one DP-SGD fit of :class:`PerExampleDP`, in Opacus' convention.
+
+    Args:
+        noise_multiplier: the multiplier Opacus is given (:func:`opacus_noise_multiplier`).
+        noise_std: std of the one Gaussian draw per parameter tensor added to the summed clipped per-example
+            gradients of a step (``noise_multiplier`` times the whole-gradient clip norm: :math:`C` flat,
+            :math:`C\sqrt M` per layer); the sum is then divided by ``batch_size``.
+        accounting_multiplier: the multiplier the accountant records at each step.
+        sample_rate: :math:`q` the accountant records at each step.
+        batch_size: the expected batch size :math:`B` the noised sum is divided by.
+    """
+
+    noise_multiplier: float
+    noise_std: float
+    accounting_multiplier: float
+    sample_rate: float
+    batch_size: int
 
 
 class PerExampleDP(L.Callback):
@@ -280,34 +302,49 @@ class PerExampleDP(L.Callback):
                 )
             sample_rate = self.sample_rate or batch_size / len(loader.dataset)
             if self.sampling == "poisson":
-                _use_train_loader(trainer, poisson_loader(loader, sample_rate=sample_rate, generator=self._sampler()))
+                poisson = poisson_loader(loader, sample_rate=sample_rate, generator=self.sampling_generator())
+                _use_train_loader(trainer, poisson)
         optimizer = trainer.optimizers[0]
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self._gsm = UnitAwareGradSampleModule(pl_module, loss_reduction="mean")
         self._units = [UnitGradSampler(m) for m in pl_module.modules() if is_unit(m)]
-        multiplier = opacus_noise_multiplier(
-            noise_multiplier=self.noise_multiplier,
-            clipping=self.clipping,
-            noise_scaling=self.noise_scaling,
-            num_tensors=len(params),
-            batch_size=batch_size,
-        )
+        plan = self.fit_plan(batch_size=batch_size, sample_rate=sample_rate, num_tensors=len(params))
         options = {
-            "noise_multiplier": multiplier,
+            "noise_multiplier": plan.noise_multiplier,
             "expected_batch_size": batch_size,
-            "generator": None if self.seed is None else torch.Generator(pl_module.device).manual_seed(self.seed),
+            "generator": self.noise_generator(pl_module.device),
         }
         if self.clipping == "per_layer":
             dp_optimizer = DPPerLayerOptimizer(optimizer, max_grad_norm=[self.max_grad_norm] * len(params), **options)
         else:
             dp_optimizer = DPOptimizer(optimizer, max_grad_norm=self.max_grad_norm, **options)
-        step_multiplier = multiplier if self.accounting_noise == "effective" else self.noise_multiplier
-        dp_optimizer.attach_step_hook(lambda opt: self._on_dp_step(opt, step_multiplier, sample_rate))
+        dp_optimizer.attach_step_hook(lambda opt: self._on_dp_step(opt, plan.accounting_multiplier, sample_rate))
         trainer.strategy.optimizers = [dp_optimizer]
         self._names = {p: n for n, p in pl_module.named_parameters()}
         self._module = pl_module
 
-    def _sampler(self) -> torch.Generator | None:
+    def fit_plan(self, *, batch_size: int, sample_rate: float, num_tensors: int) -> DPSGDPlan:
+        """The numbers of one fit at the current settings, with expected batch ``batch_size``, sampling rate
+        ``sample_rate`` and ``num_tensors`` trained parameter tensors."""
+        multiplier = opacus_noise_multiplier(
+            noise_multiplier=self.noise_multiplier,
+            clipping=self.clipping,
+            noise_scaling=self.noise_scaling,
+            num_tensors=num_tensors,
+            batch_size=batch_size,
+        )
+        total = self.max_grad_norm  # the whole-gradient clip norm, computed per layer as DPPerLayerOptimizer does
+        if self.clipping == "per_layer":
+            total = torch.norm(torch.Tensor([self.max_grad_norm] * num_tensors), p=2).item()
+        accounting = multiplier if self.accounting_noise == "effective" else self.noise_multiplier
+        return DPSGDPlan(multiplier, multiplier * total, accounting, sample_rate, batch_size)
+
+    def noise_generator(self, device: torch.device) -> torch.Generator | None:
+        """A fresh generator of the fit's Gaussian noise on ``device`` (``None`` without a seed: the global RNG)."""
+        return None if self.seed is None else torch.Generator(device).manual_seed(self.seed)
+
+    def sampling_generator(self) -> torch.Generator | None:
+        """A fresh generator of the fit's Poisson batches (``None`` without a seed: the global RNG)."""
         if self.seed is None:
             return None
         return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, 1]).generate_state(1)[0]))

@@ -110,7 +110,8 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
             "sampling": sampling,
         }
         check_dp_sgd_options(type(self).__name__, **dp_sgd)  # named after this class, not PerExampleDP
-        self.dp = PerExampleDP(**dp_sgd, accountant=accountant, conversion=conversion)
+        # seeded again for every client and round in on_client_fit_start; never the global generator
+        self.dp = PerExampleDP(**dp_sgd, accountant=accountant, conversion=conversion, seed=0)
         self.delta, self.accounting, self.steps_offset = delta, accounting, steps_offset
         self.accountant_name, self.conversion = accountant, conversion
         self.federation_accountant = self._new_accountant()
