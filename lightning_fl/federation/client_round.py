@@ -238,5 +238,5 @@ class ClientStep:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
-        self.leaks.client_update(update, received)
+        self.leaks.client_update(update, received, trained_on=self.runner.trained_on(client_id))
         return update

@@ -22,8 +22,9 @@ from torch import Tensor
 from lightning_fl.contexts import ClientContext, ClientState, FederationSpec, derive_seed
 from lightning_fl.federation.fabric_fit import FabricFit, FitOutcome, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.failures import client_work
+from lightning_fl.federation.model_contract import split_batch
 from lightning_fl.federation.trainers import build_trainer, quiet_lightning
-from lightning_fl.messages import ClientUpdate
+from lightning_fl.messages import ClientUpdate, GroundTruth
 from lightning_fl.private import load_state_into, private_state, public_state, reset_private_state
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class ClientRunner:
         self.inner_fit = "auto"
         self._fabric: FabricFit | None = None
         self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
+        self.trained_batches: dict[int, list[Any]] = {}  # by client: the batches of its last fit by local steps
 
     @property
     def worker(self) -> L.LightningModule:
@@ -87,6 +89,16 @@ class ClientRunner:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (Ray actors) without the Fabric, which each process builds for itself."""
         return {**self.__dict__, "_fabric": None}
+
+    def trained_on(self, client_id: int) -> GroundTruth | None:
+        """The examples client ``client_id``'s last fit trained on, when it trained by ``local_steps`` (a few batches
+        of its data) in this process, for scoring attacks on its update; ``None`` otherwise (the client's whole
+        training set is then the ground truth). Each record is handed out once."""
+        batches = self.trained_batches.pop(client_id, None)
+        if not batches:
+            return None
+        inputs, targets = zip(*(split_batch(self.worker, b) for b in batches), strict=True)
+        return GroundTruth(torch.cat(inputs).detach().cpu().clone(), torch.cat(targets).detach().cpu().clone())
 
     def context(self, round_ctx: Any, client_id: int) -> ClientContext:
         """The :class:`ClientContext` of ``client_id`` in the round ``round_ctx``."""
@@ -192,13 +204,17 @@ class ClientRunner:
         seed_all(fit_seed)
         loader = self.datamodule.train_dataloader(ctx.client_id, seed=fit_seed)
         steps = {"max_steps": self.local_steps or -1, "max_epochs": -1 if self.local_steps else self.local_epochs}
+        seen: list[Any] | None = [] if self.local_steps else None
+        if seen is not None:
+            self.trained_batches[ctx.client_id] = seen
         if fabric:
             if self._fabric is None:
                 self._fabric = FabricFit()
             with client_work(ctx.client_id, "training"):
-                return self._fabric.fit(self.worker, loader, **steps), loader
+                return self._fabric.fit(self.worker, loader, seen=seen, **steps), loader
+        recorder = [] if seen is None else [BatchRecorder(seen)]
         with quiet_lightning():
-            trainer = build_trainer(self.trainer_options, callbacks=list(callbacks), **steps)
+            trainer = build_trainer(self.trainer_options, callbacks=[*callbacks, *recorder], **steps)
             with client_work(ctx.client_id, "training"):
                 trainer.fit(self.worker, train_dataloaders=loader)
         return FitOutcome(
@@ -213,3 +229,15 @@ class ClientRunner:
         return {
             k: self.states[k].state_dict() for k in client_ids if self.states[k].initialised or self.states[k].extra
         }
+
+
+class BatchRecorder(L.Callback):
+    """Appends every batch a client's ``Trainer`` fit trains on to ``batches`` (the examples behind its update)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.batches.append(batch)

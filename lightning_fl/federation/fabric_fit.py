@@ -252,10 +252,17 @@ class FabricFit:
         self.fabric = L.Fabric(accelerator="cpu", devices=1, precision="32-true")
 
     def fit(
-        self, model: L.LightningModule, loader: Iterable[Any], *, max_epochs: int = 1, max_steps: int = -1
+        self,
+        model: L.LightningModule,
+        loader: Iterable[Any],
+        *,
+        max_epochs: int = 1,
+        max_steps: int = -1,
+        seen: list[Any] | None = None,
     ) -> FitOutcome | None:
         """Train ``model`` (one that :func:`model_needs_trainer` passes) on ``loader`` for ``max_epochs`` epochs, or
-        ``max_steps`` optimiser steps when > 0, as ``Trainer.fit`` would.
+        ``max_steps`` optimiser steps when > 0, as ``Trainer.fit`` would; each batch trained on is appended to
+        ``seen`` when given.
 
         Returns:
             the outcome, or ``None`` when the module logged in a form only the ``Trainer`` reduces (see
@@ -274,6 +281,8 @@ class FabricFit:
                 model.on_train_epoch_start()
                 for batch_idx, batch in enumerate(loader):
                     logged.batch = batch
+                    if seen is not None:
+                        seen.append(batch)
                     optimizer.step(closure=_Closure(self.fabric, model, optimizer, batch, batch_idx))
                     logged.batch = None
                     steps += 1

@@ -193,8 +193,14 @@ class LeakPoints:
         except Exception as err:
             raise ServerSideError(f"the local-gradient leak point failed in client {client_id}'s fit: {err!r}") from err
 
-    def client_update(self, update: ClientUpdate, received: dict[str, Tensor]) -> None:
-        """Type 1: the update as the server receives it, on the model its client received."""
+    def client_update(
+        self, update: ClientUpdate, received: dict[str, Tensor], *, trained_on: GroundTruth | None = None
+    ) -> None:
+        """Type 1: the update as the server receives it, on the model its client received.
+
+        The ground truth is ``trained_on`` (the examples the client's local steps drew) when given, else the client's
+        whole training set (a fit of whole epochs trains on all of it).
+        """
         listeners = self.listeners("on_client_update", round_idx=update.round_idx, client_id=update.client_id)
         if not listeners:
             return
@@ -208,7 +214,7 @@ class LeakPoints:
             num_samples=update.num_samples,
             **update.metadata,
         )
-        truth = self.datamodule.ground_truth(update.client_id)
+        truth = trained_on if trained_on is not None else self.datamodule.ground_truth(update.client_id)
         for cb in listeners:
             cb.on_client_update(self.federation, view, truth)
 

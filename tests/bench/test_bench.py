@@ -93,7 +93,9 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert settings["data"]["batch_size"] == quickstart["data"]["batch_size"] == 32
     threats = settings["threat_models"]
     assert len(threats) >= 3 and max(t.get("data", {}).get("batch_size", 32) for t in threats.values()) >= 8
-    assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
+    fedsgd = {name: t for name, t in threats.items() if name.startswith("fedsgd")}
+    assert len(fedsgd) >= 3 and {t["leak_point"] for t in fedsgd.values()} == {"client_update"}  # the server's view
+    assert [t["leak_point"] for t in threats.values()].count("local_gradient") == 1  # one type-2 row for contrast
     assert any(t.get("trained") for t in threats.values())
     grid = cells(settings)
     inversion = {(c.defence, c.threat_model) for c in grid if c.attack == "colluding_mi"}  # only private layers
@@ -131,7 +133,7 @@ def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
     assert len(test_set) >= 60 and set(test_set.labels.bincount().tolist()) == {7}  # 7 tiles of each photograph
     assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
     threats = settings["threat_models"]
-    assert {t["leak_point"] for t in threats.values()} == {"local_gradient", "client_update"}
+    assert {t["leak_point"] for t in threats.values()} == {"client_update"}  # FedSGD and FedAvg: what the server gets
     assert any(t.get("trained") for t in threats.values()) and len(threats) >= 3
 
 

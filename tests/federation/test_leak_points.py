@@ -40,3 +40,56 @@ def test_an_attack_on_the_type_0_view_sees_the_server_noise(tmp_path, noise: flo
     entry = one_step_attack_loop(tmp_path, callbacks=[attack], defences=defences).fit()["attacks"][0]
     assert entry["leak_point"] == "aggregate"
     assert (entry["psnr"] >= 30) is recovered, entry["psnr"]
+
+
+class _Truths(FederatedCallback):
+    """Records the ground truth handed out at the type-2 and type-1 leak points, by client."""
+
+    def __init__(self, *, local_gradient: bool) -> None:
+        self.local_gradient, self.gradient_truths, self.update_truths = local_gradient, {}, {}
+
+    def listens_to(self, hook: str) -> bool:
+        return hook == "on_client_update" or (self.local_gradient and hook == "on_local_gradient")
+
+    def on_local_gradient(self, loop, view, ground_truth) -> None:
+        self.gradient_truths.setdefault(view.metadata["client_id"], []).append(ground_truth.inputs)
+
+    def on_client_update(self, loop, view, ground_truth) -> None:
+        self.update_truths[view.metadata["client_id"]] = ground_truth
+
+
+def _truths(tmp_path, *, batch_size: int, local_steps: int, local_gradient: bool, vectorize: bool) -> _Truths:
+    from lightning_fl import FederatedDataModule, FederatedLoop
+    from tests.conftest import make_classifier
+
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=batch_size, image_size=16)
+    torch.manual_seed(0)
+    truths = _Truths(local_gradient=local_gradient)
+    FederatedLoop(
+        make_classifier(dm, optimizer="sgd", lr=0.1), dm, num_rounds=1, clients_per_round=2, local_steps=local_steps,
+        eval_every=0, callbacks=[truths], output_dir=tmp_path, checkpoint=False, progress_bar=False,
+        vectorize=vectorize,
+    ).fit()  # fmt: skip
+    return truths
+
+
+@pytest.mark.parametrize(("batch_size", "local_steps"), [(1, 1), (4, 2)])
+def test_the_type_1_ground_truth_is_the_examples_the_local_steps_drew(tmp_path, batch_size, local_steps) -> None:
+    """In every inner fit (the Trainer with the type-2 tap, Fabric, vectorised) the update of a client that trained
+    by local steps is scored against the batches those steps drew, not the client's whole training set."""
+    tapped = _truths(
+        tmp_path / "t", batch_size=batch_size, local_steps=local_steps, local_gradient=True, vectorize=False
+    )
+    fabric = _truths(
+        tmp_path / "f", batch_size=batch_size, local_steps=local_steps, local_gradient=False, vectorize=False
+    )
+    stacked = _truths(
+        tmp_path / "v", batch_size=batch_size, local_steps=local_steps, local_gradient=False, vectorize=True
+    )
+    assert len(tapped.update_truths) == 2
+    for client, truth in tapped.update_truths.items():
+        drawn = torch.cat(tapped.gradient_truths[client])
+        assert drawn.shape[0] == batch_size * local_steps == len(truth.targets)
+        assert torch.equal(truth.inputs, drawn)
+        assert torch.equal(fabric.update_truths[client].inputs, drawn)
+        assert torch.equal(stacked.update_truths[client].inputs, drawn)
