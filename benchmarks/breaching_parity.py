@@ -8,7 +8,13 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
   DLG LeNet of ``benchmarks/label_recovery.py`` (10 victims per cell);
 - ``analytic``: breaching's ``AnalyticAttacker`` (config ``attack=analytic``) and our ``AnalyticLinearAttack`` on
   the MLP of ``benchmarks/analytic_attack.py`` without input standardisation (breaching inverts a
-  ``torch.nn.Sequential``): share of images copied exactly (PSNR >= 60 dB) and mean PSNR.
+  ``torch.nn.Sequential``): share of images copied exactly (PSNR >= 60 dB) and mean PSNR;
+- ``stg``: breaching's ``seethroughgradients`` attacker (hydra ``attack=seethroughgradients``, the server sending the
+  BN buffers, so the user's gradient is an eval-mode one) and our ``SeeThroughGradientsAttack`` on a conv-BN net
+  whose running statistics are another client's photos, held-out ``photos`` test images: breaching with its shipped
+  config and with ``objective.scale=2`` (its data term then our plain distance), ours matched to each
+  (:func:`matched_options`), and ours with its defaults; PSNR, SSIM, label accuracy, share of images at
+  ``--success-psnr`` dB or more, process CPU seconds per batch.
 
 Run: ``OMP_NUM_THREADS=1 /tmp/breach/bin/python benchmarks/breaching_parity.py --part labels``.
 """
@@ -28,7 +34,7 @@ import torch
 from analytic_attack import held_out
 from hydra import compose, initialize_config_module
 from label_recovery import pool, victim
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from see_through_gradients import held_out_batch
 
 from lightning_fl.attacks import AnalyticLinearAttack, SeeThroughGradientsAttack
@@ -165,8 +171,10 @@ def matched_options(config: DictConfig, *, batch_numel: int) -> dict:
     horizontal plus vertical difference, zero-padded border) is ours (mean absolute differences inside the image);
     its norm term ``mean(x^2) / 2`` is ours ``sum(x^2)`` over the ``batch_numel`` entries of a candidate batch; its
     deep-inversion term is our BN prior, except that breaching multiplies the first BN layer's distance by
-    ``first_bn_multiplier`` (10), which our prior does not. One restart, no group term (breaching has none), its
-    label rule. Not expressible: its Langevin noise, warm-up and cosine decay, keeping the best iterate.
+    ``first_bn_multiplier`` (10) and takes a deeper layer's input statistics from the eval-mode forward (earlier
+    layers normalised with the running statistics), where our prior runs the model with batch statistics. One
+    restart, no group term (breaching has none), its label rule. Not expressible: its Langevin noise, warm-up and
+    cosine decay, keeping the best iterate.
 
     Raises:
         ValueError: when ``config`` uses a setting this mapping does not translate.
@@ -233,9 +241,11 @@ def eval_view(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
     return dataclasses.replace(view, model=view.model.eval(), tensors=tensors)
 
 
-def stg_runs(model, view, images, configs: dict[str, DictConfig], *, iterations: int, seed: int) -> dict:
-    """(images, labels, CPU seconds) of each side on one gradient: breaching with each of ``configs``, ours matched
-    to each, and ours with its defaults."""
+def stg_runs(
+    model, view, images, configs: dict[str, DictConfig], *, probes: dict[str, DictConfig], iterations: int, seed: int
+) -> dict:
+    """(images, labels, CPU seconds) of each side on one gradient: breaching with each of ``configs`` and
+    ``probes``, ours matched to each of ``configs``, and ours with its defaults."""
     attacks = {
         f"ours matched to {name}": SeeThroughGradientsAttack(
             **matched_options(config, batch_numel=images.numel()), progress_bar=False, seed=seed
@@ -249,7 +259,7 @@ def stg_runs(model, view, images, configs: dict[str, DictConfig], *, iterations:
         result = attack.reconstruct(view)
         runs[side] = (result.images, result.labels, time.process_time() - start)
     server, shared = payloads(model, view, len(images), buffers=True)
-    for name, config in configs.items():
+    for name, config in (configs | probes).items():
         attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, CPU)
         torch.manual_seed(seed)  # breaching's random start and Langevin noise
         start = time.process_time()
@@ -262,23 +272,29 @@ def stg_runs(model, view, images, configs: dict[str, DictConfig], *, iterations:
 def stg_part(args: argparse.Namespace) -> None:
     dm = FederatedDataModule("photos", num_clients=2, partition="iid", image_size=args.image_size, val_fraction=0.0)
     dm.setup()
-    shipped, rescaled = stg_config(args.iterations), stg_config(args.iterations)
-    rescaled.objective.scale = 2.0  # 0.5 * scale = 1: its data term is our plain distance, its weights our defaults'
+    shipped, rescaled, ours_schedule = (stg_config(args.iterations) for _ in range(3))
+    # 0.5 * scale = 1: the data term is our plain distance and the regulariser scales are our default weights
+    rescaled.objective.scale = ours_schedule.objective.scale = 2.0
     configs = {"shipped": shipped, "objective.scale=2": rescaled}
+    # what is then left to breaching's engine: the best iterate, eval-mode BN features, the TV border
+    with open_dict(ours_schedule):
+        ours_schedule.merge_with({"optim": {"step_size_decay": "step-lr", "warmup": 0, "langevin_noise": 0}})
+        ours_schedule.regularization.deep_inversion.first_bn_multiplier = 1
+    probes = {"objective.scale=2, our schedule": ours_schedule}
     for size in args.batch_sizes:
         scores: dict[str, list[tuple[torch.Tensor, torch.Tensor, float, float]]] = {}
         for seed in range(args.seeds):
             images, labels = held_out_batch(dm, size, seed)
             model = stg_victim(dm, seed)
             view = eval_view(model, images, labels, dm.num_classes)
-            runs = stg_runs(model, view, images, configs, iterations=args.iterations, seed=seed)
+            runs = stg_runs(model, view, images, configs, probes=probes, iterations=args.iterations, seed=seed)
             for side, (recon, got, seconds) in runs.items():
                 rows, cols = match_reconstructions(recon, images)
                 accuracy = float(label_recovery_accuracy(got, labels, num_classes=dm.num_classes))
                 entry = (psnr(recon[rows], images[cols]), ssim(recon[rows], images[cols]), accuracy, seconds)
                 scores.setdefault(side, []).append(entry)
-                row = {"part": "stg", "batch_size": size, "seed": seed, "side": side}
-                print(json.dumps(row | {"psnr": round(float(entry[0].mean()), 2), "seconds": round(seconds, 1)}))
+                row = {"part": "stg", "batch_size": size, "seed": seed, "side": side, "seconds": round(seconds, 1)}
+                print(json.dumps(row | {"psnr": round(float(entry[0].mean()), 2)}), flush=True)
         for side, entries in scores.items():
             per_image, ssims = torch.cat([e[0] for e in entries]), torch.cat([e[1] for e in entries])
             row = {"part": "stg", "data": "photos", "image_size": args.image_size, "batch_size": size, "side": side}

@@ -4,6 +4,7 @@ times ``0.5 * objective.scale``, term by term. Skipped where breaching and hydra
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -71,7 +72,7 @@ def test_matched_options_reproduce_breachings_objective_term_by_term(setting: tu
 
 
 def test_matched_options_refuse_what_they_cannot_translate(setting: tuple) -> None:
-    config = setting[2].copy()
+    config = copy.deepcopy(setting[2])
     config.objective.type = "cosine-similarity"
     config.regularization.norm.pnorm = 1
     with pytest.raises(ValueError, match=re.escape("objective.type=cosine-similarity, norm.pnorm=1")):
