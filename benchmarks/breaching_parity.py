@@ -241,6 +241,22 @@ def eval_view(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
     return dataclasses.replace(view, model=view.model.eval(), tensors=tensors)
 
 
+def objective_terms(model: torch.nn.Module, view: ServerView, config: DictConfig, candidates: dict) -> tuple:
+    """breaching's objective under ``config`` split into its terms (its units: data term and each regulariser with
+    their scales), at each of ``candidates`` (name -> a batch), and the labels its label rule recovered."""
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, CPU)
+    server, shared = payloads(model, view, view.metadata["batch_size"], buffers=True)
+    models, labels, _ = attacker.prepare_attack(server, shared)
+    for regulariser in attacker.regularizers:
+        regulariser.initialize(models, shared, labels)
+    attacker.objective.initialize(attacker.loss_fn, config.impl, None)
+    terms = {}
+    for name, candidate in candidates.items():
+        data, _ = attacker.objective(models[0], shared[0]["gradients"], candidate, labels)  # the BN hooks fire here
+        terms[name] = {"data": float(data)} | {type(r).__name__: float(r(candidate)) for r in attacker.regularizers}
+    return terms, labels
+
+
 def stg_runs(
     model, view, images, configs: dict[str, DictConfig], *, probes: dict[str, DictConfig], iterations: int, seed: int
 ) -> dict:
@@ -287,6 +303,9 @@ def stg_part(args: argparse.Namespace) -> None:
             images, labels = held_out_batch(dm, size, seed)
             model = stg_victim(dm, seed)
             view = eval_view(model, images, labels, dm.num_classes)
+            start = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed))
+            terms, _ = objective_terms(model, view, shipped, {"random start": start, "true images": images})
+            print(json.dumps({"part": "stg", "batch_size": size, "seed": seed, "shipped terms": terms}), flush=True)
             runs = stg_runs(model, view, images, configs, probes=probes, iterations=args.iterations, seed=seed)
             for side, (recon, got, seconds) in runs.items():
                 rows, cols = match_reconstructions(recon, images)
