@@ -258,7 +258,14 @@ def objective_terms(model: torch.nn.Module, view: ServerView, config: DictConfig
 
 
 def stg_runs(
-    model, view, images, configs: dict[str, DictConfig], *, probes: dict[str, DictConfig], iterations: int, seed: int
+    model: torch.nn.Module,
+    view: ServerView,
+    images: torch.Tensor,
+    configs: dict[str, DictConfig],
+    *,
+    probes: dict[str, DictConfig],
+    iterations: int,
+    seed: int,
 ) -> dict:
     """(images, labels, CPU seconds) of each side on one gradient: breaching with each of ``configs`` and
     ``probes``, ours matched to each of ``configs``, and ours with its defaults."""
