@@ -107,6 +107,8 @@ reproduce-breaching:
 	@test -n "$(BREACHING_PATH)" || { echo "give BREACHING_PATH=DIR:DEPS (breaching 0.1.2 and hydra-core)"; exit 2; }
 	{ PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part labels && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part analytic && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part stg \
+	    --batch-sizes 1 4 8 --seeds 3 --iterations 2000 && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/robbing_the_fed_parity.py; } $(LOG)
 
 reproduce-grnn:

@@ -8,7 +8,13 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
   DLG LeNet of ``benchmarks/label_recovery.py`` (10 victims per cell);
 - ``analytic``: breaching's ``AnalyticAttacker`` (config ``attack=analytic``) and our ``AnalyticLinearAttack`` on
   the MLP of ``benchmarks/analytic_attack.py`` without input standardisation (breaching inverts a
-  ``torch.nn.Sequential``): share of images copied exactly (PSNR >= 60 dB) and mean PSNR.
+  ``torch.nn.Sequential``): share of images copied exactly (PSNR >= 60 dB) and mean PSNR;
+- ``stg``: breaching's ``seethroughgradients`` attacker (hydra ``attack=seethroughgradients``, the server sending the
+  BN buffers, so the user's gradient is an eval-mode one) and our ``SeeThroughGradientsAttack`` on a conv-BN net
+  whose running statistics are another client's photos, held-out ``photos`` test images: breaching with its shipped
+  config and with ``objective.scale=2`` (its data term then our plain distance), ours matched to each
+  (:func:`matched_options`), and ours with its defaults; PSNR, SSIM, label accuracy, share of images at
+  ``--success-psnr`` dB or more, process CPU seconds per batch.
 
 Run: ``OMP_NUM_THREADS=1 /tmp/breach/bin/python benchmarks/breaching_parity.py --part labels``.
 """
@@ -16,25 +22,39 @@ Run: ``OMP_NUM_THREADS=1 /tmp/breach/bin/python benchmarks/breaching_parity.py -
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
+from statistics import mean
 
 import breaching
 import torch
 from analytic_attack import held_out
+from hydra import compose, initialize_config_module
 from label_recovery import pool, victim
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from see_through_gradients import held_out_batch
 
-from lightning_fl.attacks import AnalyticLinearAttack
+from lightning_fl.attacks import AnalyticLinearAttack, SeeThroughGradientsAttack
 from lightning_fl.attacks.label_counts import dummy_statistics
 from lightning_fl.attacks.labels import infer_labels, last_layer_bias_name, last_layer_weight_name
-from lightning_fl.attacks.metrics import label_recovery_accuracy, label_set_accuracy, match_reconstructions, psnr
+from lightning_fl.attacks.metrics import (
+    label_recovery_accuracy,
+    label_set_accuracy,
+    match_reconstructions,
+    psnr,
+    ssim,
+)
 from lightning_fl.attacks.standalone import client_view
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.messages import ServerView
 from lightning_fl.models import MLP
 
 THEIRS = ("iDLG", "analytic", "yin", "wainakh-simple", "wainakh-whitebox", "bias-corrected")
 OURS = ("idlg", "yin", "llg", "weight_count", "bias_count")
+CPU = dict(dtype=torch.float, device=torch.device("cpu"))
 
 
 def breaching_attacker(model: torch.nn.Module, *, label_strategy: str, kind: str = "analytic"):
@@ -42,7 +62,7 @@ def breaching_attacker(model: torch.nn.Module, *, label_strategy: str, kind: str
     config = OmegaConf.load(Path(breaching.__file__).parent / "config" / "attack" / f"{kind}.yaml")
     config.label_strategy = label_strategy
     cls = breaching.attacks.analytic_attack.AnalyticAttacker
-    return cls(model, _cross_entropy, config, dict(dtype=torch.float, device=torch.device("cpu")))
+    return cls(model, _cross_entropy, config, CPU)
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -51,11 +71,13 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, targets.long())
 
 
-def payloads(model: torch.nn.Module, view, size: int) -> tuple[list, list]:
-    """breaching's (server_payload, shared_data) for the gradient in ``view``."""
+def payloads(model: torch.nn.Module, view, size: int, *, buffers: bool = False) -> tuple[list, list]:
+    """breaching's (server_payload, shared_data) for the gradient in ``view``; ``buffers``: the server sends the
+    model's public buffers (BN running statistics; breaching's user then computes its gradient in eval mode)."""
     shape = tuple(view.metadata["input_shape"])
     metadata = OmegaConf.create({"shape": list(shape), "modality": "vision", "mean": [0.0], "std": [1.0]})
-    server = [{"parameters": [p.detach() for p in model.parameters()], "buffers": None, "metadata": metadata}]
+    public = [b.detach() for b in model.buffers()] if buffers else None
+    server = [{"parameters": [p.detach() for p in model.parameters()], "buffers": public, "metadata": metadata}]
     names = [n for n, _ in model.named_parameters()]
     shared = {"gradients": [view.tensors[n] for n in names], "buffers": None}
     shared["metadata"] = {"num_data_points": size, "labels": None, "local_hyperparams": None}
@@ -131,17 +153,199 @@ def analytic_part(args: argparse.Namespace) -> None:
                 print(json.dumps(row | {"mean_psnr": round(float(per_image.mean()), 1)}), flush=True)
 
 
+def stg_config(iterations: int) -> DictConfig:
+    """breaching's shipped ``attack=seethroughgradients`` config (composed with its defaults), cut to ``iterations``
+    Adam steps (its cosine decay and warm-up then span that budget)."""
+    with initialize_config_module("breaching.config", version_base=None):
+        config = compose("cfg", overrides=["attack=seethroughgradients"]).attack
+    config.optim.max_iterations = config.optim.callback = iterations
+    return config
+
+
+def matched_options(config: DictConfig, *, batch_numel: int) -> dict:
+    """``SeeThroughGradientsAttack`` options whose objective is breaching's ``config`` objective divided by its
+    constant factor ``0.5 * objective.scale`` (breaching's distance: ``0.5 * scale * sum ||g' - g||^2``; ours: the
+    plain ``sum ||g' - g||^2``).
+
+    breaching's regularisers map onto ours term by term: its total variation (mean over pixels of the absolute
+    horizontal plus vertical difference, zero-padded border) is ours (mean absolute differences inside the image);
+    its norm term ``mean(x^2) / 2`` is ours ``sum(x^2)`` over the ``batch_numel`` entries of a candidate batch; its
+    deep-inversion term is our BN prior, except that breaching multiplies the first BN layer's distance by
+    ``first_bn_multiplier`` (10) and takes a deeper layer's input statistics from the eval-mode forward (earlier
+    layers normalised with the running statistics), where our prior runs the model with batch statistics. One
+    restart, no group term (breaching has none), its label rule. Not expressible: its Langevin noise, warm-up and
+    cosine decay, keeping the best iterate.
+
+    Raises:
+        ValueError: when ``config`` uses a setting this mapping does not translate.
+    """
+    regs = config.regularization
+    unsupported = [
+        message
+        for message, bad in (
+            (f"objective.type={config.objective.type}", config.objective.type != "euclidean"),
+            (f"optim.optimizer={config.optim.optimizer}", str(config.optim.optimizer).lower() != "adam"),
+            ("optim.boxed=False", not config.optim.boxed),
+            (f"regularization keys {sorted(regs)}", set(regs) - {"total_variation", "norm", "deep_inversion"}),
+            (
+                "total_variation exponents != 1",
+                regs.total_variation.inner_exp != 1 or regs.total_variation.outer_exp != 1,
+            ),
+            (f"norm.pnorm={regs.norm.pnorm}", regs.norm.pnorm != 2),
+        )
+        if bad
+    ]
+    if unsupported:
+        raise ValueError(f"matched_options cannot translate breaching's {', '.join(unsupported)}.")
+    factor = 0.5 * config.objective.scale
+    return {
+        "max_iterations": config.optim.max_iterations,
+        "lr": config.optim.step_size,
+        "restarts": config.restarts.num_trials,
+        "group_weight": 0.0,
+        "label_strategy": config.label_strategy,
+        "tv_weight": regs.total_variation.scale / factor,
+        "l2_weight": regs.norm.scale / (regs.norm.pnorm * factor * batch_numel),
+        "bn_weight": regs.deep_inversion.scale / factor,
+    }
+
+
+def stg_victim(dm: FederatedDataModule, seed: int) -> torch.nn.Sequential:
+    """A conv-BN network in eval mode whose BN running statistics are client 1's images (cumulative average): the
+    broadcast model whose public buffers the server sends."""
+    torch.manual_seed(seed)
+    side, k = dm.image_size // 2, dm.num_classes
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16, momentum=None),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1, stride=2),
+        torch.nn.BatchNorm2d(32, momentum=None),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * side * side, k),
+    )
+    with torch.no_grad():
+        for chunk in dm.client_train_set(1).tensors()[0].split(64):
+            net.train()(chunk)
+    return net.eval()
+
+
+def eval_view(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> ServerView:
+    """The server's view of one gradient computed in eval mode (BN with the running statistics), as breaching's
+    user computes it when the server sends public buffers."""
+    view = client_view(model, images, labels, num_classes=num_classes)
+    loss = torch.nn.functional.cross_entropy(model.eval()(images), labels)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    tensors = {n: g.detach() for (n, _), g in zip(model.named_parameters(), grads, strict=True)}
+    return dataclasses.replace(view, model=view.model.eval(), tensors=tensors)
+
+
+def objective_terms(model: torch.nn.Module, view: ServerView, config: DictConfig, candidates: dict) -> tuple:
+    """breaching's objective under ``config`` split into its terms (its units: data term and each regulariser with
+    their scales), at each of ``candidates`` (name -> a batch), and the labels its label rule recovered."""
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, CPU)
+    server, shared = payloads(model, view, view.metadata["batch_size"], buffers=True)
+    models, labels, _ = attacker.prepare_attack(server, shared)
+    for regulariser in attacker.regularizers:
+        regulariser.initialize(models, shared, labels)
+    attacker.objective.initialize(attacker.loss_fn, config.impl, None)
+    terms = {}
+    for name, candidate in candidates.items():
+        data, _ = attacker.objective(models[0], shared[0]["gradients"], candidate, labels)  # the BN hooks fire here
+        terms[name] = {"data": float(data)} | {type(r).__name__: float(r(candidate)) for r in attacker.regularizers}
+    return terms, labels
+
+
+def stg_runs(
+    model: torch.nn.Module,
+    view: ServerView,
+    images: torch.Tensor,
+    configs: dict[str, DictConfig],
+    *,
+    probes: dict[str, DictConfig],
+    iterations: int,
+    seed: int,
+) -> dict:
+    """(images, labels, CPU seconds) of each side on one gradient: breaching with each of ``configs`` and
+    ``probes``, ours matched to each of ``configs``, and ours with its defaults."""
+    attacks = {
+        f"ours matched to {name}": SeeThroughGradientsAttack(
+            **matched_options(config, batch_numel=images.numel()), progress_bar=False, seed=seed
+        )
+        for name, config in configs.items()
+    }
+    attacks["ours default"] = SeeThroughGradientsAttack(max_iterations=iterations, progress_bar=False, seed=seed)
+    runs = {}
+    for side, attack in attacks.items():
+        start = time.process_time()
+        result = attack.reconstruct(view)
+        runs[side] = (result.images, result.labels, time.process_time() - start)
+    server, shared = payloads(model, view, len(images), buffers=True)
+    for name, config in (configs | probes).items():
+        attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, CPU)
+        torch.manual_seed(seed)  # breaching's random start and Langevin noise
+        start = time.process_time()
+        found, _ = attacker.reconstruct(server, shared, {})
+        seconds = time.process_time() - start
+        runs[f"breaching {name}"] = (found["data"].detach().clamp(0, 1), found["labels"].long(), seconds)
+    return runs
+
+
+def stg_part(args: argparse.Namespace) -> None:
+    dm = FederatedDataModule("photos", num_clients=2, partition="iid", image_size=args.image_size, val_fraction=0.0)
+    dm.setup()
+    shipped, rescaled, ours_schedule = (stg_config(args.iterations) for _ in range(3))
+    # 0.5 * scale = 1: the data term is our plain distance and the regulariser scales are our default weights
+    rescaled.objective.scale = ours_schedule.objective.scale = 2.0
+    configs = {"shipped": shipped, "objective.scale=2": rescaled}
+    # what is then left to breaching's engine: the best iterate, eval-mode BN features, the TV border
+    with open_dict(ours_schedule):
+        ours_schedule.merge_with({"optim": {"step_size_decay": "step-lr", "warmup": 0, "langevin_noise": 0}})
+        ours_schedule.regularization.deep_inversion.first_bn_multiplier = 1
+    probes = {"objective.scale=2, our schedule": ours_schedule}
+    for size in args.batch_sizes:
+        scores: dict[str, list[tuple[torch.Tensor, torch.Tensor, float, float]]] = {}
+        for seed in range(args.seeds):
+            images, labels = held_out_batch(dm, size, seed)
+            model = stg_victim(dm, seed)
+            view = eval_view(model, images, labels, dm.num_classes)
+            start = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed))
+            terms, _ = objective_terms(model, view, shipped, {"random start": start, "true images": images})
+            print(json.dumps({"part": "stg", "batch_size": size, "seed": seed, "shipped terms": terms}), flush=True)
+            runs = stg_runs(model, view, images, configs, probes=probes, iterations=args.iterations, seed=seed)
+            for side, (recon, got, seconds) in runs.items():
+                rows, cols = match_reconstructions(recon, images)
+                accuracy = float(label_recovery_accuracy(got, labels, num_classes=dm.num_classes))
+                entry = (psnr(recon[rows], images[cols]), ssim(recon[rows], images[cols]), accuracy, seconds)
+                scores.setdefault(side, []).append(entry)
+                row = {"part": "stg", "batch_size": size, "seed": seed, "side": side, "seconds": round(seconds, 1)}
+                print(json.dumps(row | {"psnr": round(float(entry[0].mean()), 2)}), flush=True)
+        for side, entries in scores.items():
+            per_image, ssims = torch.cat([e[0] for e in entries]), torch.cat([e[1] for e in entries])
+            row = {"part": "stg", "data": "photos", "image_size": args.image_size, "batch_size": size, "side": side}
+            row |= {"iterations": args.iterations, "seeds": args.seeds, "psnr": round(float(per_image.mean()), 2)}
+            row |= {"ssim": round(float(ssims.mean()), 3), "label_accuracy": round(mean(e[2] for e in entries), 3)}
+            row |= {"success": round(float((per_image >= args.success_psnr).double().mean()), 3)}
+            print(json.dumps(row | {"cpu_s": round(mean(e[3] for e in entries), 1)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["labels", "analytic"], required=True)
+    parser.add_argument("--part", choices=sorted(PARTS), required=True)
     parser.add_argument("--data", nargs="+", default=["digits", "photos"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8, 32, 64])
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=300, help="stg: Adam steps of every attack")
+    parser.add_argument("--image-size", type=int, default=16, help="stg: side of the photos")
+    parser.add_argument("--success-psnr", type=float, default=20.0, help="stg: PSNR (dB) of a recovered image")
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
-    labels_part(args) if args.part == "labels" else analytic_part(args)
+    PARTS[args.part](args)
 
+
+PARTS = {"labels": labels_part, "analytic": analytic_part, "stg": stg_part}
 
 if __name__ == "__main__":
     main()
