@@ -33,7 +33,7 @@ from scaling import federation_spec, time_calls
 
 from lightning_fl.bench import build_loop
 from lightning_fl.federation.client_round import ClientStep
-from lightning_fl.federation.vectorised_fit import StackedConv2d
+from lightning_fl.federation.vectorised_layers import StackedConv2d
 from lightning_fl.models.lenet import LeNetDLG
 
 

@@ -35,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_fl.federation.fabric_fit import model_needs_trainer, options_need_trainer
 from lightning_fl.federation.vectorised_dp import dp_callbacks_refusal, dp_model_refusal, per_example_dp
-from lightning_fl.federation.vectorised_fit import STACKED_LAYERS
+from lightning_fl.federation.vectorised_layers import STACKED_LAYERS
 from lightning_fl.federation.vectorised_optim import stacked_optimizer_refusal
 from lightning_fl.private import private_state
 

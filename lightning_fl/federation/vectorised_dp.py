@@ -42,7 +42,7 @@ from lightning_fl.privacy.sampling import poisson_loader
 if TYPE_CHECKING:
     from lightning_fl.defences.dp.dp_sgd import DPSGDPlan, PerExampleDP
     from lightning_fl.defences.dp.opacus_hooks import Clipping
-    from lightning_fl.federation.vectorised_fit import _Stacked
+    from lightning_fl.federation.vectorised_layers import StackedLayer
     from lightning_fl.privacy.accounting import PrivacyAccountant
 
 __all__ = ["DPClient", "DPClientFit", "StackedDPSGD", "dp_callbacks_refusal", "dp_model_refusal", "per_example_dp"]
@@ -160,7 +160,7 @@ class StackedDPSGD:
     clipping: Clipping
 
     def gradients(
-        self, rows: Sequence[int], losses: Tensor, owner: Tensor, layers: Mapping[str, _Stacked]
+        self, rows: Sequence[int], losses: Tensor, owner: Tensor, layers: Mapping[str, StackedLayer]
     ) -> dict[str, Tensor]:
         """The noised mean of clipped per-example gradients of clients ``rows`` (one row each): ``losses`` are the
         step's per-example losses, ``owner`` the row of each, ``layers`` the stacked layers that recorded the pass."""
@@ -194,7 +194,9 @@ def _noise(client: DPClient, reference: Tensor) -> Tensor:
     return torch.normal(mean=0, std=std, size=shape, device=device, generator=client.generator, dtype=dtype)
 
 
-def _per_example_gradients(losses: Tensor, layers: Mapping[str, _Stacked], names: Sequence[str]) -> dict[str, Tensor]:
+def _per_example_gradients(
+    losses: Tensor, layers: Mapping[str, StackedLayer], names: Sequence[str]
+) -> dict[str, Tensor]:
     """Each laid example's gradient of its own loss for every parameter in ``names``, from the stacked layers'
     recorded inputs and the gradient of ``losses.sum()`` at their outputs (a layer used twice adds both uses)."""
     records = [(name, layer, x, out, version) for name, layer in layers.items() for x, out, version in layer.records]

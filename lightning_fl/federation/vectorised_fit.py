@@ -1,16 +1,12 @@
 """The vectorised inner fit: K plain clients' local training as one forward and one backward per optimiser step.
 
 Client ``k``'s copy of every parameter is row ``k`` of a ``(K, ...)`` tensor. A copy of the model whose ``Conv2d`` and
-``Linear`` layers are replaced by their stacked forms (:class:`StackedConv2d`, :class:`StackedLinear`) runs the
+``Linear`` layers are replaced by their stacked forms (:mod:`~.vectorised_layers`) runs the
 model's own ``forward`` and ``per_example_loss`` once on the K clients' batches laid end to end (client-major; on a
 CPU each batch as it is), so the forward, the loss and the backward of all K clients are one autograd pass with no
 per-client optimiser loop, closure or hooks; :class:`~.vectorised_optim.StackedOptimizer`
 then updates every client as its own ``torch.optim`` optimiser would.
-Inside a stacked layer each client's rows meet only that client's examples: on a CPU one oneDNN convolution per client
-in the channels-last layout (faster there than the grouped convolution that ``torch.func.vmap`` gives a convolution
-with batched weights: docs/performance.md); on a GPU the step's
-batches are padded to the longest with weight-0 copies of their first example and each convolution is one grouped
-convolution (``groups = K``), so a step is a fixed number of kernels whatever K.
+Each client's rows meet only that client's examples (:mod:`~.vectorised_layers` says how, on a CPU and on a GPU).
 
 Clients train for different numbers of steps (different data sizes): they are ordered longest first, so the clients
 still training at step ``t`` are a prefix ``[:n_t]`` of the stack and only those rows take part; a finished client's
@@ -21,16 +17,15 @@ sequential fit.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from lightning_fl.federation.vectorised_layers import STACKED_LAYERS, StackedConv2d, StackedLayer
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 
 if TYPE_CHECKING:
@@ -38,119 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClientBatches",
-    "StackedConv2d",
-    "StackedLinear",
     "StackedModel",
     "StackedOutcome",
     "fit_stacked",
     "stacked_copy",
 ]
-
-
-class _Stacked(nn.Module):
-    """A layer whose weights are the clients' copies (row ``k``: client ``k``, who has ``sizes[k]`` examples of the
-    input, laid end to end), set before each step by :func:`fit_stacked`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sizes: list[int] = [1]
-        self.grouped = False
-        self.weight: Tensor | None = None
-        self.bias: Tensor | None = None
-        self.records: list[tuple[Tensor, Tensor, int]] | None = None
-
-    def _recorded(self, x: Tensor, out: Tensor) -> Tensor:
-        """``out``; with ``records`` on (per-example DP), its input and output are kept for
-        :meth:`per_example_gradients`, with the output's version (an in-place change afterwards would be seen)."""
-        if self.records is not None:
-            self.records.append((x, out, out._version))
-        return out
-
-    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
-        """Each example's gradient of this layer's ``weight`` and ``bias`` (``(examples, *shape)``), given the layer's
-        input ``x`` and the gradient ``grad_out`` of the example's own loss at its output."""
-        raise NotImplementedError
-
-    def _equal(self) -> bool:
-        return all(size == self.sizes[0] for size in self.sizes)
-
-    def _each(self, x: Tensor, layer) -> Tensor:
-        """``layer(x_k, weight_k, bias_k)`` for each client's examples ``x_k``, laid end to end again."""
-        biases = [None] * len(self.sizes) if self.bias is None else self.bias.unbind(0)
-        parts = zip(x.split(self.sizes), self.weight.unbind(0), biases, strict=True)
-        return torch.cat([layer(part, weight, bias) for part, weight, bias in parts])
-
-
-class StackedConv2d(_Stacked):
-    """``nn.Conv2d`` for the clients at once: input ``(sum(sizes), C, H, W)``, weight ``(clients, O, C/g, kh, kw)``.
-
-    On a CPU each client's convolution runs on its own examples in the channels-last layout (faster there than one
-    grouped convolution); with ``grouped`` (a GPU) and equal sizes, the clients' convolutions are one
-    grouped convolution with ``groups = clients``, the form ``torch.func.vmap`` gives a convolution with batched
-    weights, here channels-last."""
-
-    def __init__(self, conv: nn.Conv2d) -> None:
-        super().__init__()
-        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.grouped and self._equal():
-            return self._recorded(x, self._grouped(x))
-        return self._recorded(x, self._each(x.contiguous(memory_format=torch.channels_last), self._conv))
-
-    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
-        """The per-example gradients of a convolution as Opacus computes them: the input's patches
-        (``F.unfold``) times the output gradient at each position, summed over positions, per group."""
-        shape, n, groups = self.weight.shape[1:], len(x), self.groups
-        patches = F.unfold(x, shape[-2:], dilation=self.dilation, padding=self.padding, stride=self.stride)
-        patches = patches.reshape(n, groups, patches.shape[1] // groups, patches.shape[-1])
-        grads = grad_out.reshape(n, groups, shape[0] // groups, patches.shape[-1])
-        weight = torch.einsum("ngol,ngkl->ngok", grads, patches).reshape(n, *shape)
-        return {"weight": weight, "bias": grad_out.sum((2, 3))}
-
-    def _conv(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def _grouped(self, x: Tensor) -> Tensor:
-        n, (total, channels, height, width) = len(self.sizes), x.shape
-        batch = total // n
-        # one copy in: (n, B, C, H, W) to the grouped input (B, n*C, H, W) stored channels-last, (B, H, W, n, C)
-        grouped = x.view(n, batch, channels, height, width).permute(1, 3, 4, 0, 2).contiguous()
-        grouped = grouped.view(batch, height, width, n * channels).permute(0, 3, 1, 2)
-        weight = self.weight.reshape(-1, *self.weight.shape[2:]).contiguous(memory_format=torch.channels_last)
-        bias = None if self.bias is None else self.bias.reshape(-1)
-        out = F.conv2d(grouped, weight, bias, self.stride, self.padding, self.dilation, n * self.groups)
-        # one copy out: (B, H', W', n, O) to (n, B, H', W', O), i.e. (n*B, O, H', W') stored channels-last
-        side = out.shape[2:]
-        out = out.permute(0, 2, 3, 1).reshape(batch, *side, n, -1).permute(3, 0, 1, 2, 4).contiguous()
-        return out.view(total, *side, -1).permute(0, 3, 1, 2)
-
-
-class StackedLinear(_Stacked):
-    """``nn.Linear`` for the clients at once: input ``(sum(sizes), ..., F)``, weight ``(clients, O, F)``; one batched
-    matrix product when the clients' sizes are equal, else one product per client."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self._equal() or not self.sizes[0]:
-            return self._recorded(x, self._each(x, F.linear))
-        n, lead = len(self.sizes), x.shape[:-1]
-        flat = x.reshape(n, -1, x.shape[-1])
-        if self.bias is None:
-            out = torch.bmm(flat, self.weight.transpose(1, 2))
-        else:
-            out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))
-        return self._recorded(x, out.reshape(*lead, -1))
-
-    def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
-        """The per-example gradients of a linear layer: the outer product of output gradient and input, summed over
-        any dimensions between the example and the features."""
-        n, positions = len(x), math.prod(x.shape[1:-1])  # sizes spelt out: a step's batches may all be empty
-        grads, inputs = grad_out.reshape(n, positions, grad_out.shape[-1]), x.reshape(n, positions, x.shape[-1])
-        return {"weight": torch.einsum("nlo,nli->noi", grads, inputs), "bias": grads.sum(1)}
-
-
-STACKED_LAYERS: dict[type[nn.Module], type[_Stacked]] = {nn.Conv2d: StackedConv2d, nn.Linear: StackedLinear}
-"""The layers with a stacked form (exact types: a subclass may compute something else)."""
 
 
 @dataclass
@@ -159,13 +46,13 @@ class StackedModel:
     (``"backbone.fc"``: its parameters are ``"backbone.fc.weight"`` and ``"backbone.fc.bias"``)."""
 
     module: L.LightningModule
-    layers: dict[str, _Stacked]
+    layers: dict[str, StackedLayer]
 
 
 def stacked_copy(model: L.LightningModule) -> StackedModel:
     """The :class:`StackedModel` of ``model``, built once and reused for every round (it holds no client's state)."""
     clone = copy.deepcopy(model)
-    layers: dict[str, _Stacked] = {}
+    layers: dict[str, StackedLayer] = {}
     for name, module in list(clone.named_modules()):
         stacked_type = STACKED_LAYERS.get(type(module))
         if stacked_type is None:
@@ -256,7 +143,7 @@ def fit_stacked(
 
 def _example_losses(
     model: L.LightningModule,
-    layers: dict[str, _Stacked],
+    layers: dict[str, StackedLayer],
     rows: dict[str, Tensor],
     batches: Sequence[Any],
     device: torch.device,

@@ -14,7 +14,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import PrivateSplit
 from lightning_fl.federation.vectorised_contract import use_vectorised, vectorised_refusal
-from lightning_fl.federation.vectorised_fit import StackedConv2d, StackedLinear
+from lightning_fl.federation.vectorised_layers import StackedConv2d, StackedLinear
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from tests.conftest import make_classifier
 from tests.federation.user_model import UserNet
