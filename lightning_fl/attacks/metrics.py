@@ -198,7 +198,7 @@ def match_reconstructions(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor
 
     The attacker cannot know the order of a batch, so a batch is scored after this matching
     (Inferred: the thesis leaves batch scoring open).
-    ``target`` may hold more images than ``preds`` (e.g. a client's whole local set behind a one-step update);
+    ``target`` may hold more images than ``preds`` (e.g. the clients' sets behind an aggregate);
     every reconstruction is then matched to one distinct image of it.
 
     Returns:

@@ -35,9 +35,9 @@ class GradientLeakage(FederatedCallback):
     ground-truth-vs-reconstruction grid of :mod:`lightning_fl.attacks.report` to ``output_dir/attacks/`` (and to
     W&B when a W&B logger is attached), and appends one entry to ``summary.json["attacks"]``.
 
-    What the ground truth is: at ``local_gradient`` the exact mini-batch; at ``client_update`` the client's
-    whole local training set (the loop does not know which samples a partial epoch used), so the reconstruction
-    is matched to its closest distinct images there; at ``aggregate`` all participating clients' sets.
+    What the ground truth is: at ``local_gradient`` the exact mini-batch; at ``client_update`` the examples the
+    client's ``local_steps`` drew (its whole local training set when it trains whole epochs); at ``aggregate``
+    all participating clients' sets. Reconstructions are matched to distinct images of it.
 
     A realistic FedAvg update (several epochs over ~140 samples) hides far more images than an optimisation
     attack can invert. ``max_images`` is the largest leaked batch (see

@@ -78,6 +78,7 @@ class ClientRunner:
         self._fabric: FabricFit | None = None
         self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
         self.trained_batches: dict[int, list[Any]] = {}  # by client: the batches of its last fit by local steps
+        self.trained_elsewhere: dict[int, GroundTruth] = {}  # by client: the same, from a fit in another process
 
     @property
     def worker(self) -> L.LightningModule:
@@ -92,8 +93,11 @@ class ClientRunner:
 
     def trained_on(self, client_id: int) -> GroundTruth | None:
         """The examples client ``client_id``'s last fit trained on, when it trained by ``local_steps`` (a few batches
-        of its data) in this process, for scoring attacks on its update; ``None`` otherwise (the client's whole
-        training set is then the ground truth). Each record is handed out once."""
+        of its data), for scoring attacks on its update; ``None`` otherwise (the client's whole training set is then
+        the ground truth). A fit in a worker process, Ray actor or DDP rank hands its record back with its result
+        (:func:`~lightning_fl.federation.workers.collect`). Each record is handed out once."""
+        if client_id in self.trained_elsewhere:
+            return self.trained_elsewhere.pop(client_id)
         batches = self.trained_batches.pop(client_id, None)
         if not batches:
             return None

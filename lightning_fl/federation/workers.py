@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lightning_fl.contexts import ClientState, RoundContext
 from lightning_fl.federation.failures import ClientFailure
-from lightning_fl.messages import ClientUpdate
+from lightning_fl.messages import ClientUpdate, GroundTruth
 from lightning_fl.private import public_state
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ class ClientResult:
 
     ``error`` is the worker's traceback; ``client_failure`` is set (to what the client's work raised) when the
     error was the client's own work failing, which the loop drops, and ``None`` for anything else, which stops the
-    run; see :mod:`~lightning_fl.federation.failures`.
+    run; see :mod:`~lightning_fl.federation.failures`. ``trained_on``: the examples a fit by local steps drew
+    (packed ``inputs``/``targets``, the type-1 ground truth kept apart for scoring), or empty.
     """
 
     client_id: int
@@ -118,6 +119,7 @@ class ClientResult:
     private: bytes = b""
     error: str | None = None
     client_failure: str | None = None
+    trained_on: bytes = b""
 
 
 class RemoteTraceback(Exception):
@@ -182,7 +184,11 @@ def fit_job(runner: ClientRunner, task: ClientJob) -> ClientResult:
         update = runner.fit(ctx, unpack(task.received))
         private = runner.states[k].private
         slim = ClientUpdate(k, update.round_idx, {}, update.num_samples, update.loss, update.metadata)
-        return ClientResult(k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(private))
+        truth = runner.trained_on(k)
+        drawn = pack({"inputs": truth.inputs, "targets": truth.targets}) if truth is not None else b""
+        return ClientResult(
+            k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(private), trained_on=drawn
+        )
     except ClientFailure as failure:  # the client's own work: dropped by the loop, as an in-process failure is
         return ClientResult(k, error=traceback.format_exc().strip(), client_failure=failure.detail)
     except Exception:  # a fault of our own code in the worker: collect raises it in the loop's process
@@ -208,6 +214,8 @@ def collect(runner: ClientRunner, result: ClientResult) -> ClientUpdate:
     state.private = unpack(result.private)
     state.initialised = bool(state.private)
     runner.load_trained(unpack(result.trained), state.private)
+    if result.trained_on:
+        runner.trained_elsewhere[result.client_id] = GroundTruth(**unpack(result.trained_on))
     u = result.update
     return ClientUpdate(u.client_id, u.round_idx, unpack(result.delta), u.num_samples, u.loss, u.metadata)
 

@@ -133,6 +133,24 @@ def test_server_reimposes_the_imprint_and_the_attack_reads_both_leak_points(
     assert summary["rounds_completed"] == 2
 
 
+def test_an_update_of_one_step_on_one_image_is_scored_against_that_image(
+    digits: FederatedDataModule, tmp_path: Path
+) -> None:
+    """At client_update with one local step on one image, the attack's candidates are matched against the image the
+    step drew (not the client's whole training set): the copy is exact, so the mean PSNR is high, not a mean over
+    the nearest of the client's other images."""
+    leak = GradientLeakage(RobbingTheFedAttack(), leak_point="client_update", rounds=[0], clients=[0], max_images=8)
+    FederatedLoop(
+        make_classifier(digits, optimizer="sgd", lr=0.1),
+        FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16, val_fraction=0.0, batch_size=1),
+        defences=[_imprint(digits, num_bins=64)], callbacks=[leak], num_rounds=1, clients_per_round=2, local_steps=1,
+        eval_every=0, checkpoint=False, progress_bar=False, output_dir=tmp_path,
+    ).fit()  # fmt: skip
+    entry = json.loads((tmp_path / "summary.json").read_text())["attacks"][0]
+    assert entry["leak_point"] == "client_update" and entry["recovered"] == 1
+    assert entry["psnr"] >= 60, entry
+
+
 def test_model_defences_do_not_stop_it(digits: FederatedDataModule) -> None:
     """A key-lock behind the block changes what reaches the rest of the model, not the ratio of its gradients."""
     images, labels = _held_out(digits, 8)

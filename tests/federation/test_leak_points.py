@@ -58,7 +58,9 @@ class _Truths(FederatedCallback):
         self.update_truths[view.metadata["client_id"]] = ground_truth
 
 
-def _truths(tmp_path, *, batch_size: int, local_steps: int, local_gradient: bool, vectorize: bool) -> _Truths:
+def _truths(
+    tmp_path, *, batch_size: int, local_steps: int, local_gradient: bool, vectorize: bool, workers: int = 1
+) -> _Truths:
     from lightning_fl import FederatedDataModule, FederatedLoop
     from tests.conftest import make_classifier
 
@@ -68,15 +70,15 @@ def _truths(tmp_path, *, batch_size: int, local_steps: int, local_gradient: bool
     FederatedLoop(
         make_classifier(dm, optimizer="sgd", lr=0.1), dm, num_rounds=1, clients_per_round=2, local_steps=local_steps,
         eval_every=0, callbacks=[truths], output_dir=tmp_path, checkpoint=False, progress_bar=False,
-        vectorize=vectorize,
+        vectorize=vectorize, workers=workers,
     ).fit()  # fmt: skip
     return truths
 
 
 @pytest.mark.parametrize(("batch_size", "local_steps"), [(1, 1), (4, 2)])
 def test_the_type_1_ground_truth_is_the_examples_the_local_steps_drew(tmp_path, batch_size, local_steps) -> None:
-    """In every inner fit (the Trainer with the type-2 tap, Fabric, vectorised) the update of a client that trained
-    by local steps is scored against the batches those steps drew, not the client's whole training set."""
+    """In every inner fit (the Trainer with the type-2 tap, Fabric, vectorised, worker processes) the update of a
+    client that trained by local steps is scored against the batches those steps drew, not its whole training set."""
     tapped = _truths(
         tmp_path / "t", batch_size=batch_size, local_steps=local_steps, local_gradient=True, vectorize=False
     )
@@ -86,6 +88,9 @@ def test_the_type_1_ground_truth_is_the_examples_the_local_steps_drew(tmp_path, 
     stacked = _truths(
         tmp_path / "v", batch_size=batch_size, local_steps=local_steps, local_gradient=False, vectorize=True
     )
+    workers = _truths(
+        tmp_path / "w", batch_size=batch_size, local_steps=local_steps, local_gradient=False, vectorize=False, workers=2
+    )
     assert len(tapped.update_truths) == 2
     for client, truth in tapped.update_truths.items():
         drawn = torch.cat(tapped.gradient_truths[client])
@@ -93,3 +98,5 @@ def test_the_type_1_ground_truth_is_the_examples_the_local_steps_drew(tmp_path, 
         assert torch.equal(truth.inputs, drawn)
         assert torch.equal(fabric.update_truths[client].inputs, drawn)
         assert torch.equal(stacked.update_truths[client].inputs, drawn)
+        assert torch.equal(workers.update_truths[client].inputs, drawn)
+        assert torch.equal(workers.update_truths[client].targets, truth.targets)
