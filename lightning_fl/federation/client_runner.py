@@ -77,6 +77,7 @@ class ClientRunner:
         self.inner_fit = "auto"
         self._fabric: FabricFit | None = None
         self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
+        self.record_drawn = False  # keep what fits by local steps draw (the loop: a callback reads the type-1 leak)
         self.trained_batches: dict[int, list[Any]] = {}  # by client: the batches of its last fit by local steps
         self.trained_elsewhere: dict[int, GroundTruth] = {}  # by client: the same, from a fit in another process
 
@@ -93,9 +94,10 @@ class ClientRunner:
 
     def trained_on(self, client_id: int) -> GroundTruth | None:
         """The examples client ``client_id``'s last fit trained on, when it trained by ``local_steps`` (a few batches
-        of its data), for scoring attacks on its update; ``None`` otherwise (the client's whole training set is then
-        the ground truth). A fit in a worker process, Ray actor or DDP rank hands its record back with its result
-        (:func:`~lightning_fl.federation.workers.collect`). Each record is handed out once."""
+        of its data) and ``record_drawn`` is on, for scoring attacks on its update; ``None`` otherwise (the client's
+        whole training set is then the ground truth). A fit in a worker process, Ray actor or DDP rank hands its
+        record back with its result (:func:`~lightning_fl.federation.workers.collect`). Each record is handed out
+        once."""
         if client_id in self.trained_elsewhere:
             return self.trained_elsewhere.pop(client_id)
         batches = self.trained_batches.pop(client_id, None)
@@ -208,7 +210,7 @@ class ClientRunner:
         seed_all(fit_seed)
         loader = self.datamodule.train_dataloader(ctx.client_id, seed=fit_seed)
         steps = {"max_steps": self.local_steps or -1, "max_epochs": -1 if self.local_steps else self.local_epochs}
-        seen: list[Any] | None = [] if self.local_steps else None
+        seen: list[Any] | None = [] if self.local_steps and self.record_drawn else None
         if seen is not None:
             self.trained_batches[ctx.client_id] = seen
         if fabric:

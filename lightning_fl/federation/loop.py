@@ -214,6 +214,7 @@ class FederatedLoop:
             ledgers=[*self.callbacks, *self.components()],
         )
         self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
+        self.runner.record_drawn = bool(self.leaks.listeners("on_client_update"))
         self.downlink = Downlink(self.broadcast_transforms)
         self.server_step = ServerStep(
             aggregator=self.aggregator,

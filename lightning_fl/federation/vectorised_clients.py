@@ -217,6 +217,6 @@ class VectorisedClients:
             epoch += 1
             if len(batches) == before:  # an empty loader: nothing to train on
                 break
-        if runner.local_steps:
+        if runner.local_steps and runner.record_drawn:
             runner.trained_batches[ctx.client_id] = list(batches)
         return ClientBatches(batches, epochs), batch_size, dp_client

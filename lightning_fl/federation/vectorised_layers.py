@@ -10,6 +10,7 @@ DP-SGD need (:mod:`~.vectorised_dp`).
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 __all__ = ["STACKED_LAYERS", "StackedConv2d", "StackedLayer", "StackedLinear"]
 
 
-class StackedLayer(nn.Module):
+class StackedLayer(nn.Module, abc.ABC):
     """A layer whose weights are the clients' copies (row ``k``: client ``k``, who has ``sizes[k]`` examples of the
     input, laid end to end), set before each step by :func:`fit_stacked`."""
 
@@ -38,10 +39,14 @@ class StackedLayer(nn.Module):
             self.records.append((x, out, out._version))
         return out
 
+    @abc.abstractmethod
     def per_example_gradients(self, x: Tensor, grad_out: Tensor) -> dict[str, Tensor]:
         """Each example's gradient of this layer's ``weight`` and ``bias`` (``(examples, *shape)``), given the layer's
-        input ``x`` and the gradient ``grad_out`` of the example's own loss at its output."""
-        raise NotImplementedError
+        input ``x`` and the gradient ``grad_out`` of the example's own loss at its output.
+
+        Opacus' formulas (``opacus.grad_sample``), written for the stacked layers rather than called: Opacus' grad
+        samplers take an ``nn.Conv2d``/``nn.Linear`` module, return a one-row result for an empty batch (a stacked
+        step's Poisson batches may all be empty) and expand a grouped convolution to ``groups**2`` blocks."""
 
     def _equal(self) -> bool:
         return all(size == self.sizes[0] for size in self.sizes)

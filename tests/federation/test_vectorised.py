@@ -134,17 +134,24 @@ def test_stacked_layers_match_each_clients_own_layers(sizes: list[int], grouped:
     torch.testing.assert_close(grads[1], torch.stack([lin.weight.grad for lin in linears]), rtol=1e-4, atol=1e-6)
 
 
+def random_client_batches(step_sizes: list[list[int]]) -> list:
+    """One ``ClientBatches`` of random 16x16 digits-shaped batches per client, ``step_sizes[k]`` its batch sizes."""
+    from lightning_fl.federation.vectorised_fit import ClientBatches
+
+    generator = torch.Generator().manual_seed(0)
+    return [
+        ClientBatches([(torch.randn(n, 1, 16, 16, generator=generator), torch.randint(0, 10, (n,))) for n in sizes],
+            [0] * len(sizes))
+        for sizes in step_sizes
+    ]  # fmt: skip
+
+
 def test_padded_grouped_fit_matches_the_per_client_fit() -> None:
     """The GPU form (batches padded to the longest with weight-0 copies, one grouped convolution a layer) trains
     clients of different sizes and step counts as the per-client form does."""
-    from lightning_fl.federation.vectorised_fit import ClientBatches, fit_stacked, stacked_copy
+    from lightning_fl.federation.vectorised_fit import fit_stacked, stacked_copy
 
-    generator = torch.Generator().manual_seed(0)
-    data = [
-        ClientBatches([(torch.randn(n, 1, 16, 16, generator=generator), torch.randint(0, 10, (n,))) for n in sizes],
-            [0] * len(sizes))
-        for sizes in ([8, 8, 3], [8, 5], [2])
-    ]  # fmt: skip
+    data = random_client_batches([[8, 8, 3], [8, 5], [2]])
     torch.manual_seed(0)
     model = make_classifier(_digits(), optimizer="sgd", lr=0.1, momentum=0.9)
     starts = [{name: value.detach().clone() for name, value in model.named_parameters()}] * 3

@@ -13,13 +13,14 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import ClientDPSGD, FedCDP, PerExampleDP
 from lightning_fl.federation.vectorised_contract import vectorised_refusal
 from lightning_fl.federation.vectorised_dp import DPClient, DPClientFit, StackedDPSGD, dp_callbacks_refusal
-from lightning_fl.federation.vectorised_fit import ClientBatches, fit_stacked, stacked_copy
+from lightning_fl.federation.vectorised_fit import fit_stacked, stacked_copy
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
 from lightning_fl.privacy import Schedule
 from lightning_fl.privacy.accounting import PrivacyAccountant
 from lightning_fl.privacy.sampling import PoissonBatchSampler
 from tests.conftest import make_classifier
 from tests.federation.test_vectorised import _run as run_federation
+from tests.federation.test_vectorised import random_client_batches
 
 DELTA_TOLERANCE = 1e-5
 """How close a vectorised DP update is to the sequential one, relative to its L2 norm (float32 sums in another
@@ -173,12 +174,7 @@ def test_vectorize_true_with_unseeded_per_example_dp_warns_and_trains_one_by_one
 
 def test_padded_grouped_dp_fit_matches_the_per_client_fit() -> None:
     """The GPU form with per-example DP: padded rows and empty batches (Poisson) add nothing but each client's noise."""
-    generator = torch.Generator().manual_seed(0)
-    data = [
-        ClientBatches([(torch.randn(n, 1, 16, 16, generator=generator), torch.randint(0, 10, (n,))) for n in sizes],
-            [0] * len(sizes))
-        for sizes in ([8, 0, 3], [5, 6], [0])
-    ]  # fmt: skip
+    data = random_client_batches([[8, 0, 3], [5, 6], [0]])
     torch.manual_seed(0)
     model = make_classifier(FederatedDataModule("digits", num_clients=2, image_size=16), optimizer="sgd", lr=0.1)
     starts = [{name: value.detach().clone() for name, value in model.named_parameters()}] * 3
