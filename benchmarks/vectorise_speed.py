@@ -5,14 +5,15 @@ LeNet, or ``--backbone``) with ``--clients`` clients, ``--per-round`` a round, b
 ``lightning_fl.bench.build_loop`` (``scaling.federation_spec``); ``--fed-cdp`` adds the ``FedCDP`` defence
 (per-example DP-SGD in every client, the paper's sigma 6 and C 4, Poisson batches). Each repeat builds both loops from
 the same seed and fits them one after the other, the order alternating between repeats (interleaved A/B on a shared
-machine). The figures are the time inside ``run_round`` (start-up excluded) and inside the client step alone: this
-process's CPU time (the one to read on a shared CPU) and the wall time (the one to read on a GPU), with the ratios
-vectorised / sequential; then the final accuracies, the largest difference of any round's train loss and test
-accuracy, and (``--fed-cdp``) the final epsilon of both, which must be equal.
+machine); ``--seeds`` runs that for each seed. The figures are the time inside ``run_round`` (start-up excluded) and
+inside the client step alone: this process's CPU time (the one to read on a shared CPU) and the wall time (the one to
+read on a GPU), with the ratios vectorised / sequential; then the final accuracies, the largest difference of any
+round's train loss and test accuracy, and (``--fed-cdp``) the final epsilon of both, which must be equal.
 ``--profile`` instead runs the vectorised rounds once under cProfile and prints the top entries; ``--layers`` times the
-DLG LeNet's convolutional body (forward and backward, B = 32, ``--per-round`` clients) in the three forms: one NCHW
-convolution per client (as the sequential fit), one channels-last convolution per client (the vectorised fit on a CPU)
-and one grouped convolution (on a GPU; the form ``torch.func.vmap`` gives).
+DLG LeNet's convolutional body with its sigmoids (forward and backward, B = 32, ``--per-round`` clients) in three forms:
+one NCHW convolution per client, each client's activations apart (as the sequential fit), the stacked layers with one
+channels-last convolution per client (the vectorised fit on a CPU) and with one grouped convolution (on a GPU; the form
+``torch.func.vmap`` gives).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 10 --per-round 5
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/vectorise_speed.py --clients 100 --per-round 20
@@ -76,26 +77,26 @@ def _body_times(clients: int, batch: int = 32, repeats: int = 5, calls: int = 10
     biases = [torch.stack([c.bias.detach()] * clients).requires_grad_() for c in convs]
     x = torch.rand(clients * batch, 1, 32, 32)
 
-    def each(channels_last: bool) -> torch.Tensor:
+    def each() -> torch.Tensor:
         outs = []
-        for part in x.split(batch):
-            h = part.contiguous(memory_format=torch.channels_last) if channels_last else part
+        for k, part in enumerate(x.split(batch)):
+            h = part
             for conv, weight, bias in zip(convs, weights, biases, strict=True):
-                k = len(outs)
                 h = torch.sigmoid(torch.nn.functional.conv2d(h, weight[k], bias[k], conv.stride, conv.padding))
             outs.append(h)
         return torch.cat(outs)
 
-    def grouped() -> torch.Tensor:
+    def stacked(grouped: bool) -> torch.Tensor:
         h = x
         for conv, weight, bias in zip(convs, weights, biases, strict=True):
             layer = StackedConv2d(conv)
-            layer.sizes, layer.grouped, layer.weight, layer.bias = [batch] * clients, True, weight, bias
+            layer.sizes, layer.grouped, layer.weight, layer.bias = [batch] * clients, grouped, weight, bias
             h = torch.sigmoid(layer(h))
         return h
 
-    forms = {"per client, NCHW": lambda: each(False), "per client, channels-last": lambda: each(True)}
-    forms["grouped, channels-last"] = grouped
+    forms = {"per client, NCHW (the sequential fit)": each}
+    forms["stacked, per client channels-last (the vectorised fit on a CPU)"] = lambda: stacked(False)
+    forms["stacked, grouped channels-last (the vectorised fit on a GPU)"] = lambda: stacked(True)
     times = {}
     for name, form in forms.items():
         best = float("inf")
@@ -114,14 +115,14 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="each seed runs --repeats A/B repeats")
     parser.add_argument("--backbone", default="lenet_dlg", help="ImageClassifier's backbone (one that qualifies)")
     parser.add_argument("--accelerator", default="cpu", help="loop.trainer's accelerator: cpu or gpu")
     parser.add_argument("--fed-cdp", action="store_true", help="every client with FedCDP (per-example DP-SGD)")
     parser.add_argument("--layers", action="store_true", help="time the LeNet body's three forms instead")
     parser.add_argument("--profile", action="store_true", help="cProfile the vectorised rounds once instead")
     args = parser.parse_args()
-    run = {"clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "seed": args.seed}
+    run = {"clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "seed": args.seeds[0]}
     run.update(accelerator=args.accelerator, backbone=args.backbone, fed_cdp=args.fed_cdp)
     if args.layers:
         for name, ms in _body_times(args.per_round).items():
@@ -133,21 +134,21 @@ def main() -> None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
     print(
-        "| repeat | order | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio "
+        "| seed | repeat | order | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio "
         "| client step CPU s seq / vec | ratio | final accuracy seq / vec | max abs diff train loss / accuracy "
         "| final epsilon seq / vec | load |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for repeat in range(args.repeats):
-        load, order = os.getloadavg()[0], (False, True) if repeat % 2 == 0 else (True, False)
-        timed = {vectorize: _fit(vectorize=vectorize, **run) for vectorize in order}
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, (seed, repeat) in enumerate((seed, repeat) for seed in args.seeds for repeat in range(args.repeats)):
+        load, order = os.getloadavg()[0], (False, True) if i % 2 == 0 else (True, False)
+        timed = {vectorize: _fit(vectorize=vectorize, **{**run, "seed": seed}) for vectorize in order}
         (s, hs), (v, hv) = timed[False], timed[True]
         loss = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(hs, hv, strict=True))
         acc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in zip(hs, hv, strict=True))
         epsilon = f"{hs[-1]['epsilon']:.4f} / {hv[-1]['epsilon']:.4f}" if args.fed_cdp else "-"
         first = "seq, vec" if order[0] is False else "vec, seq"
         print(
-            f"| {repeat} | {first} | {_pair(s, v, 'rounds', 0)} | {_pair(s, v, 'rounds', 1)} "
+            f"| {seed} | {repeat} | {first} | {_pair(s, v, 'rounds', 0)} | {_pair(s, v, 'rounds', 1)} "
             f"| {_pair(s, v, 'clients', 0)} | {hs[-1]['test_accuracy']:.4f} / {hv[-1]['test_accuracy']:.4f} "
             f"| {loss:.1e} / {acc:.1e} | {epsilon} | {load:.1f} |",
             flush=True,

@@ -154,6 +154,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         rounds = str(summary["rounds_completed"])
         save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
+        if loop.vectorised.decision is not None:
+            print(
+                f"vectorised client fit (loop.vectorize={str(cfg.loop.vectorize).lower()}): {loop.vectorised.decision}"
+            )
         print(f"summary: {output_dir / 'summary.json'}")
         return summary
 

@@ -75,6 +75,10 @@ class VectorisedClients:
         parallel: whether the loop trains its clients in worker processes, Ray actors or DDP ranks (a pool), which
             then train them one by one each.
 
+    Attributes:
+        decision: whether the last round's clients trained at once and why (``"yes (auto: ...)"``), ``None`` before
+            the first round or with ``mode=False``.
+
     Raises:
         ValueError: on an unknown ``mode``, or ``mode=True`` with ``parallel``.
     """
@@ -91,7 +95,7 @@ class VectorisedClients:
         self.device = vectorised_device(runner.trainer_options) or torch.device("cpu")
         self._model_refusal: str | None = None
         self._stacked: StackedModel | None = None
-        self._said: str | None = None
+        self.decision: str | None = None
         self._dp: PerExampleDP | None = None
         self._dp_fits: dict[int, DPClientFit] = {}
 
@@ -110,11 +114,12 @@ class VectorisedClients:
         refusal = "inner_fit='trainer'" if runner.inner_fit == "trainer" else refusal or self._model_refusal or None
         parameters = sum(p.numel() for p in runner.worker.parameters())
         use, why = use_vectorised(self.mode, refusal, clients=len(callbacks), parameters=parameters, device=self.device)
-        if why != self._said:
-            self._said = why
+        decision = f"{'yes' if use else 'no'} ({why})"
+        if decision != self.decision:
+            self.decision = decision
             if not use and self.mode is True:
                 warnings.warn(f"loop.vectorize=true, but clients train one by one: {why}.", stacklevel=3)
-            log.info("vectorised client fit: %s (%s)", "yes" if use else "no", why)
+            log.info("vectorised client fit: %s", decision)
         return self if use else None
 
     def client_started(self, client_id: int) -> None:

@@ -300,7 +300,8 @@ def test_loop_rejects_bad_vectorize_settings(
 
 
 @pytest.mark.parametrize("value", ["true", "auto"])
-def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, value: str, caplog) -> None:
+def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, value: str, caplog, capsys) -> None:
+    """The decision is logged when it changes and printed with the run's result (``auto`` decides per round)."""
     from lightning_fl.cli import main
 
     quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
@@ -311,6 +312,22 @@ def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, v
         )
     assert rc == 0
     assert "vectorised client fit: yes" in caplog.text
+    assert f"vectorised client fit (loop.vectorize={value}): yes (" in capsys.readouterr().out
+
+
+def test_cli_prints_why_auto_trains_clients_one_by_one(tmp_path: Path, capsys) -> None:
+    from lightning_fl.cli import main
+
+    quickstart = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    options = ["--loop.num_rounds", "1", "--data.image_size", "16", "--loop.progress_bar", "false"]
+    early_stopping = ["--loop.client_callbacks+=lightning.pytorch.callbacks.EarlyStopping"]
+    early_stopping += ["--loop.client_callbacks.monitor", "train_loss"]
+    args = ["fit", "--config", str(quickstart), "--output_dir", str(tmp_path), *options, *early_stopping]
+    assert main([*args, "--loop.vectorize", "auto"]) == 0
+    assert (
+        "vectorised client fit (loop.vectorize=auto): no (client callbacks ['EarlyStopping'])"
+        in capsys.readouterr().out
+    )
 
 
 def test_cli_rejects_unknown_vectorize_value(tmp_path: Path, capsys) -> None:
