@@ -77,7 +77,7 @@ class VectorisedClients:
 
     Attributes:
         decision: whether the last round's clients trained at once and why (``"yes (auto: ...)"``), ``None`` before
-            the first round or with ``mode=False``.
+            the first round or with ``mode=False``; with ``"auto"`` and ``parallel``, ``"no (...)"`` from the start.
 
     Raises:
         ValueError: on an unknown ``mode``, or ``mode=True`` with ``parallel``.
@@ -96,6 +96,8 @@ class VectorisedClients:
         self._model_refusal: str | None = None
         self._stacked: StackedModel | None = None
         self.decision: str | None = None
+        if mode == "auto" and parallel:  # the pool trains the clients; for_round is never asked
+            self.decision = "no (auto: loop.workers, Ray or DDP ranks train the clients in other processes)"
         self._dp: PerExampleDP | None = None
         self._dp_fits: dict[int, DPClientFit] = {}
 

@@ -299,6 +299,13 @@ def test_loop_rejects_bad_vectorize_settings(
         FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, **options)
 
 
+def test_auto_with_worker_processes_says_why_the_clients_train_there(
+    tiny_digits: FederatedDataModule, tmp_path: Path
+) -> None:
+    loop = FederatedLoop(make_classifier(tiny_digits), tiny_digits, output_dir=tmp_path, workers=2, vectorize="auto")
+    assert loop.vectorised.decision == "no (auto: loop.workers, Ray or DDP ranks train the clients in other processes)"
+
+
 @pytest.mark.parametrize("value", ["true", "auto"])
 def test_cli_vectorize_option_trains_the_quickstart_vectorised(tmp_path: Path, value: str, caplog, capsys) -> None:
     """The decision is logged when it changes and printed with the run's result (``auto`` decides per round)."""
