@@ -16,8 +16,8 @@ per parameter tensor for ``clipping="per_layer"``, over the whole gradient for `
 :math:`\sigma C\sqrt M` per layer, times :math:`\sqrt B` for ``noise_scaling="per_example"``) drawn from the
 client's own seeded generator, one draw per parameter tensor in the optimiser's order, as Opacus draws them; so for
 the same seed the noise is the sequential fit's, not only its distribution. The per-example gradients
-:math:`g_j` come from the stacked layers' inputs and output gradients (:meth:`StackedConv2d.per_example_gradients
-<lightning_fl.federation.vectorised_fit.StackedConv2d.per_example_gradients>`), as Opacus' hooks compute them. Each
+:math:`g_j` come from the stacked layers' inputs and output gradients (:meth:`StackedLayer.per_example_gradients
+<lightning_fl.federation.vectorised_layers.StackedLayer.per_example_gradients>`), as Opacus' hooks compute them. Each
 client's accountant records the same steps as its Trainer fit would (one per optimiser step, empty batches included).
 
 What the vectorised fit leaves to the Trainer path (:func:`dp_callbacks_refusal`, :func:`dp_model_refusal`): other
@@ -36,8 +36,6 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-
-from lightning_fl.privacy.sampling import poisson_loader
 
 if TYPE_CHECKING:
     from lightning_fl.defences.dp.dp_sgd import DPSGDPlan, PerExampleDP
@@ -129,10 +127,7 @@ class DPClient:
         """The client of ``fit`` and the loader its fit trains on (``loader``'s Poisson form for
         ``sampling="poisson"``), as ``PerExampleDP`` sets them up at the start of a Trainer fit."""
         fit.restore(dp)
-        batch_size = loader.batch_size
-        sample_rate = dp.sample_rate or batch_size / len(loader.dataset)
-        if dp.sampling == "poisson":
-            loader = poisson_loader(loader, sample_rate=sample_rate, generator=dp.sampling_generator())
+        loader, batch_size, sample_rate = dp.fit_loader(loader)
         plan = dp.fit_plan(batch_size=batch_size, sample_rate=sample_rate, num_tensors=num_tensors)
         return cls(plan, dp.max_grad_norm, dp.noise_generator(device), dp.privacy_accountant), loader
 

@@ -295,15 +295,9 @@ class PerExampleDP(L.Callback):
             sample_rate = loader.batch_sampler.sample_rate
             batch_size = max(1, round(sample_rate * len(loader.dataset)))
         else:
-            batch_size = getattr(loader, "batch_size", None)
-            if not batch_size:
-                raise ValueError(
-                    "PerExampleDP needs a train DataLoader with a fixed `batch_size` (the expected batch B)."
-                )
-            sample_rate = self.sample_rate or batch_size / len(loader.dataset)
-            if self.sampling == "poisson":
-                poisson = poisson_loader(loader, sample_rate=sample_rate, generator=self.sampling_generator())
-                _use_train_loader(trainer, poisson)
+            fit_loader, batch_size, sample_rate = self.fit_loader(loader)
+            if fit_loader is not loader:
+                _use_train_loader(trainer, fit_loader)
         optimizer = trainer.optimizers[0]
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         self._gsm = UnitAwareGradSampleModule(pl_module, loss_reduction="mean")
@@ -322,6 +316,22 @@ class PerExampleDP(L.Callback):
         trainer.strategy.optimizers = [dp_optimizer]
         self._names = {p: n for n, p in pl_module.named_parameters()}
         self._module = pl_module
+
+    def fit_loader(self, loader: DataLoader) -> tuple[DataLoader, int, float]:
+        """The loader one fit trains on (``loader``'s Poisson form with ``sampling="poisson"``, drawn from
+        :meth:`sampling_generator`, else ``loader``), its expected batch size B and its sampling rate q
+        (``sample_rate``, else B / n).
+
+        Raises:
+            ValueError: when ``loader`` has no fixed ``batch_size``.
+        """
+        batch_size = getattr(loader, "batch_size", None)
+        if not batch_size:
+            raise ValueError("PerExampleDP needs a train DataLoader with a fixed `batch_size` (the expected batch B).")
+        sample_rate = self.sample_rate or batch_size / len(loader.dataset)
+        if self.sampling == "poisson":
+            loader = poisson_loader(loader, sample_rate=sample_rate, generator=self.sampling_generator())
+        return loader, batch_size, sample_rate
 
     def fit_plan(self, *, batch_size: int, sample_rate: float, num_tensors: int) -> DPSGDPlan:
         """The numbers of one fit at the current settings, with expected batch ``batch_size``, sampling rate
