@@ -1,7 +1,9 @@
-"""Models: the sigmoid DLG LeNet, LeNet-5, an MLP, AlexNet-CIFAR, ResNet-18/20/32, VGG-16 and ImageClassifier."""
+"""Models: the sigmoid DLG LeNet, the ReLU/BatchNorm ConvNet, LeNet-5, an MLP, AlexNet, ResNets, VGG-16 and
+ImageClassifier."""
 
 from lightning_fl.models.cifar import AlexNetCIFAR, CifarResNet, resnet18, resnet20, resnet32, vgg16
 from lightning_fl.models.classifier import ImageClassifier
+from lightning_fl.models.convnet import ConvNet
 from lightning_fl.models.lenet import LeNet5, LeNetDLG
 from lightning_fl.models.mlp import MLP
 from lightning_fl.models.registry import BACKBONES, BackboneName, build_backbone
@@ -12,6 +14,7 @@ __all__ = [
     "AlexNetCIFAR",
     "BackboneName",
     "CifarResNet",
+    "ConvNet",
     "ImageClassifier",
     "LeNet5",
     "LeNetDLG",

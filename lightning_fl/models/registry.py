@@ -8,17 +8,22 @@ from typing import Literal
 from torch import nn
 
 from lightning_fl.models.cifar import AlexNetCIFAR, resnet18, resnet20, resnet32, vgg16
+from lightning_fl.models.convnet import ConvNet
 from lightning_fl.models.lenet import LeNet5, LeNetDLG
 from lightning_fl.models.mlp import MLP
 
 __all__ = ["BACKBONES", "BackboneName", "build_backbone"]
 
-BackboneName = Literal["lenet_dlg", "lenet5", "mlp", "alexnet", "resnet18", "resnet20", "resnet32", "vgg16"]
+BackboneName = Literal[
+    "lenet_dlg", "convnet", "convnet_small", "lenet5", "mlp", "alexnet", "resnet18", "resnet20", "resnet32", "vgg16"
+]
 
 BACKBONES: dict[str, Callable[[int, int, int], nn.Module]] = {
     "lenet_dlg": lambda c, k, s: LeNetDLG(in_channels=c, num_classes=k, image_size=s),
     "lenet5": lambda c, k, s: LeNet5(in_channels=c, num_classes=k, image_size=s),
     "mlp": lambda c, k, s: MLP(in_channels=c, num_classes=k, image_size=s),
+    "convnet": lambda c, k, s: ConvNet(width=16, in_channels=c, num_classes=k, image_size=s),
+    "convnet_small": lambda c, k, s: ConvNet(width=8, in_channels=c, num_classes=k, image_size=s),
     "alexnet": lambda c, k, s: AlexNetCIFAR(in_channels=c, num_classes=k),
     "resnet18": lambda c, k, s: resnet18(in_channels=c, num_classes=k),
     "resnet20": lambda c, k, s: resnet20(in_channels=c, num_classes=k),
