@@ -31,6 +31,12 @@ from torch import Tensor
 from torch.func import replace_all_batch_norm_modules_
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
+from lightning_fl.attacks.batch_norm import (
+    BN_STATISTICS,
+    BatchNormStatisticsName,
+    batch_norm_prior,
+    batch_norm_statistics,
+)
 from lightning_fl.attacks.batch_settings import (
     BATCH_MAX_ITERATIONS,
     BATCH_TV_WEIGHT,
@@ -106,6 +112,11 @@ class GradientMatchingAttack(GradientAttack):
         boxed: project the images onto [0, 1] after every step.
         lr_decay: multiply the step size by 0.1 at 3/8, 5/8 and 7/8 of ``max_iterations``.
         layers: ``fnmatch`` patterns of the parameter names to match; ``None`` matches every intercepted one.
+        bn_statistics: which BatchNorm statistics the attacker knows (the threat-model axis of Huang et al., 2021;
+            see :mod:`~lightning_fl.attacks.batch_norm`): ``"none"``, ``"running"`` (the broadcast model's),
+            ``"leaked"`` (the batch's own, read off a one-step update's buffers) or ``"auto"`` (leaked where the view
+            holds them, else none).
+        bn_weight: weight of the BatchNorm prior :math:`R_{BN}` against those statistics (0 disables).
         stop_below: stop as soon as one restart's relative gradient distance (see :class:`MatchingState`) is at
             most this, and keep that restart; ``None`` always runs ``max_iterations``; ``"auto"``:
             :data:`SINGLE_STOP_BELOW` for one image, ``None`` for a batch (B > 1).
@@ -140,6 +151,8 @@ class GradientMatchingAttack(GradientAttack):
         boxed: bool = False,
         lr_decay: bool = False,
         layers: Sequence[str] | None = None,
+        bn_statistics: BatchNormStatisticsName = "none",
+        bn_weight: float = 0.0,
         stop_below: float | Auto | None = None,
         keep_best_after: int | None = None,
         recover_stalled: bool = False,
@@ -149,6 +162,7 @@ class GradientMatchingAttack(GradientAttack):
         choices = {"distance": (distance, DISTANCES), "optimizer": (optimizer, OPTIMIZERS)}
         choices |= {"labels": (labels, ("optimise", "infer", "auto")), "init": (init, INITS)}
         choices |= {"label_strategy": (label_strategy, LABEL_STRATEGIES)}
+        choices |= {"bn_statistics": (bn_statistics, BN_STATISTICS)}
         for field, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{type(self).__name__}({field}={value!r}) is unknown; use one of {sorted(allowed)}.")
@@ -157,6 +171,8 @@ class GradientMatchingAttack(GradientAttack):
                 raise ValueError(f"{type(self).__name__}({field}={value}) must be > 0.")
         if stop_below not in (None, "auto") and stop_below <= 0:
             raise ValueError(f"{type(self).__name__}(stop_below={stop_below}) must be > 0, None or 'auto'.")
+        if bn_weight < 0:
+            raise ValueError(f"{type(self).__name__}(bn_weight={bn_weight}) must be >= 0.")
         if tv_weight != "auto" and tv_weight < 0:
             raise ValueError(f"{type(self).__name__}(tv_weight={tv_weight}) must be >= 0 or 'auto'.")
         if keep_best_after is not None and (keep_best_after < 1 or optimizer != "lbfgs"):
@@ -169,7 +185,7 @@ class GradientMatchingAttack(GradientAttack):
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
-        self.tv_weight = tv_weight
+        self.tv_weight, self.bn_statistics, self.bn_weight = tv_weight, bn_statistics, bn_weight
         self.signed, self.boxed, self.lr_decay = signed, boxed, lr_decay
         self.layers = list(layers) if layers is not None else None
         self.progress_bar, self.seed = progress_bar, seed
@@ -257,6 +273,10 @@ class GradientMatchingAttack(GradientAttack):
         distance = DISTANCES[self.distance]
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
+        statistics = batch_norm_statistics(view, self.bn_statistics) if self.bn_weight > 0 else None
+        if statistics is not None:
+            prior = batch_norm_prior(view.model, statistics, correction=0 if self.bn_statistics == "running" else 1)
+            regularisers.append(lambda x: self.bn_weight * prior(x))
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             candidate = simulated_pseudo_gradient(
@@ -378,5 +398,6 @@ class GradientMatchingAttack(GradientAttack):
         return (
             f"{type(self).__name__}(distance={self.distance!r}, optimizer={self.optimizer!r}, lr={self.lr}, "
             f"max_iterations={self.max_iterations!r}, restarts={self.restarts}, labels={self.labels!r}, "
-            f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r})"
+            f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r}, "
+            f"bn_statistics={self.bn_statistics!r}, bn_weight={self.bn_weight})"
         )

@@ -10,8 +10,8 @@ from torch import Tensor
 
 __all__ = ["INITS", "InitName", "initial_images"]
 
-InitName = Literal["randn", "rand", "patterned"]
-INITS: tuple[str, ...] = ("randn", "rand", "patterned")
+InitName = Literal["randn", "rand", "patterned", "image_randn"]
+INITS: tuple[str, ...] = ("randn", "rand", "patterned", "image_randn")
 
 
 def initial_images(shape: Sequence[int], *, init: InitName, generator: torch.Generator) -> Tensor:
@@ -19,7 +19,9 @@ def initial_images(shape: Sequence[int], *, init: InitName, generator: torch.Gen
 
     ``randn``: N(0, 1), the DLG and inversefed choice. ``rand``: U(0, 1). ``patterned``: a 4x4 U(0, 1) patch per
     restart, image and channel tiled over the image, the "patterned random seed" of CPL (Wei et al., ESORICS 2020)
-    that Fed-CDP's attack uses (Inferred: the 4x4 patch size, which the paper leaves open).
+    that Fed-CDP's attack uses (Inferred: the 4x4 patch size, which the paper leaves open). ``image_randn``:
+    N(1/2, 1/4^2), the N(0, 1) start of inversefed and breaching drawn in their standardised input space and mapped
+    back to [0, 1] pixels (natural images have mean ~1/2 and standard deviation ~1/4 per channel).
 
     Example:
         >>> initial_images((2, 1, 1, 8, 8), init="patterned", generator=torch.Generator().manual_seed(0)).shape
@@ -27,6 +29,8 @@ def initial_images(shape: Sequence[int], *, init: InitName, generator: torch.Gen
     """
     if init == "randn":
         return torch.randn(*shape, generator=generator)
+    if init == "image_randn":
+        return 0.5 + 0.25 * torch.randn(*shape, generator=generator)
     if init == "rand":
         return torch.rand(*shape, generator=generator)
     if init == "patterned":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lightning_fl.attacks.batch_norm import BatchNormStatisticsName
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName
 from lightning_fl.attacks.labels import LabelStrategy
 
@@ -30,19 +31,28 @@ class InvertingGradientsAttack(GradientMatchingAttack):
     labels). Inferred: ``tv_weight=1e-4`` (the paper tunes it per setting; ``inversefed``'s
     default config has 1e-1, the thesis' FedKL runs 1e-6); ``max_iterations=4800`` (the code's default; the
     paper's ImageNet runs use 24 000). Deviation: 4 restarts by default where the code's default is 1, since
-    batched restarts cost little more than one (docs/performance.md).
+    batched restarts cost little more than one. The code optimises standardised images; here the images are
+    [0, 1] pixels, where a natural image's channel has standard deviation ~1/4, so the code's step 0.1, TV 0.1 and
+    N(0, 1) start read ``lr=0.025``, ``tv_weight=0.4`` and ``init="image_randn"`` here (what
+    ``configs/inverting_gradients_full.yaml`` sets).
+
+    ``bn_statistics``/``bn_weight`` add the BatchNorm prior of :mod:`~lightning_fl.attacks.batch_norm` (not in the
+    paper: Huang et al., 2021, Sec. 3, attack with the batch's statistics known); off by default.
 
     Args:
         max_iterations: Adam steps per restart.
-        lr: Adam step size before decay.
+        lr: Adam step size before decay, in [0, 1] pixel units.
         restarts: random starts run together; the best final objective wins.
-        tv_weight: total-variation weight :math:`\alpha`.
+        tv_weight: total-variation weight :math:`\alpha`, in [0, 1] pixel units.
         label_strategy: rule of :func:`~lightning_fl.attacks.labels.infer_labels`.
         init: starting images.
         signed: use the sign of the image gradient.
         boxed: project onto [0, 1] after every step.
         lr_decay: the 3/8, 5/8, 7/8 step decay.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all.
+        bn_statistics: the BatchNorm statistics the attacker knows (``"none"``, ``"running"``, ``"leaked"``,
+            ``"auto"``).
+        bn_weight: weight of the BatchNorm prior (0: off).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
 
@@ -66,6 +76,8 @@ class InvertingGradientsAttack(GradientMatchingAttack):
         boxed: bool = True,
         lr_decay: bool = True,
         layers: Sequence[str] | None = None,
+        bn_statistics: BatchNormStatisticsName = "none",
+        bn_weight: float = 0.0,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -83,6 +95,8 @@ class InvertingGradientsAttack(GradientMatchingAttack):
             boxed=boxed,
             lr_decay=lr_decay,
             layers=layers,
+            bn_statistics=bn_statistics,
+            bn_weight=bn_weight,
             progress_bar=progress_bar,
             seed=seed,
         )

@@ -28,59 +28,17 @@ References:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 
 from torch import Tensor, nn
-from torch.func import replace_all_batch_norm_modules_, vmap
+from torch.func import vmap
 
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, MatchingProblem
 from lightning_fl.attacks.labels import LabelStrategy
 from lightning_fl.messages import ServerView
 
-__all__ = ["SeeThroughGradientsAttack", "batch_norm_prior"]
-
-
-def batch_norm_prior(model: nn.Module) -> Callable[[Tensor], Tensor]:
-    r"""The batch-norm prior :math:`R_{BN}(x) = \sum_l \|\mu_l(x) - \mu_l\|_2 + \|\sigma^2_l(x) - \sigma^2_l\|_2`
-    (Yin et al., 2021, Eq. 9) against the running statistics that ``model`` holds now.
-
-    Returns a function of one candidate batch ``(B, C, H, W)`` (``vmap``-able over restarts) that runs a copy of
-    ``model`` with batch statistics and sums the distances at every ``BatchNorm2d``.
-
-    Raises:
-        ValueError: if ``model`` has no ``BatchNorm2d`` with running statistics.
-
-    Example:
-        >>> import torch
-        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
-        >>> prior = batch_norm_prior(net.eval())
-        >>> float(prior(torch.zeros(2, 1, 4, 4)).detach()) > 0
-        True
-    """
-    copied = copy.deepcopy(model).train()
-    layers = [m for m in copied.modules() if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no BatchNorm2d with running statistics: R_BN needs them.")
-    running = [(m.running_mean.detach().clone(), m.running_var.detach().clone()) for m in layers]
-    replace_all_batch_norm_modules_(copied)  # batch statistics, no running-stat writes (vmap-safe)
-    seen: list[Tensor] = []
-    for layer in layers:
-        layer.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
-
-    def prior(images: Tensor) -> Tensor:
-        seen.clear()
-        copied(images)
-        total = images.new_zeros(())
-        for features, (mean, var) in zip(seen, running, strict=True):
-            total = (
-                total + (features.mean((0, 2, 3)) - mean).norm() + (features.var((0, 2, 3), correction=0) - var).norm()
-            )
-        seen.clear()
-        return total
-
-    return prior
+__all__ = ["SeeThroughGradientsAttack"]
 
 
 class SeeThroughGradientsAttack(GradientMatchingAttack):
@@ -130,7 +88,7 @@ class SeeThroughGradientsAttack(GradientMatchingAttack):
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
-        for field, value in {"bn_weight": bn_weight, "group_weight": group_weight, "l2_weight": l2_weight}.items():
+        for field, value in {"group_weight": group_weight, "l2_weight": l2_weight}.items():
             if value < 0:
                 raise ValueError(f"SeeThroughGradientsAttack({field}={value}) must be >= 0.")
         if group_weight > 0 and restarts < 2:
@@ -150,20 +108,23 @@ class SeeThroughGradientsAttack(GradientMatchingAttack):
             tv_weight=tv_weight,
             boxed=True,
             lr_decay=True,
+            bn_statistics="running",
+            bn_weight=bn_weight,
             progress_bar=progress_bar,
             seed=seed,
         )
-        self.bn_weight, self.group_weight, self.l2_weight = bn_weight, group_weight, l2_weight
+        self.group_weight, self.l2_weight = group_weight, l2_weight
 
     def problem(self, view: ServerView) -> MatchingProblem:
-        """The engine's problem with :math:`\\alpha_{BN} R_{BN} + \\alpha_{\\ell_2}\\|x\\|^2` added per restart and
-        :math:`\\alpha_{group} R_{group}` across restarts; the gradient distance it reports stays the plain one."""
+        """The engine's problem (with its BatchNorm prior against the running statistics) with
+        :math:`\\alpha_{\\ell_2}\\|x\\|^2` added per restart and :math:`\\alpha_{group} R_{group}` across restarts;
+        the gradient distance it reports stays the plain one."""
+        if not any(isinstance(m, nn.BatchNorm2d) for m in view.model.modules()) and self.bn_weight > 0:
+            raise ValueError(f"{type(view.model).__name__} has no BatchNorm2d: R_BN needs running statistics.")
         base = super().problem(view)
-        bn = batch_norm_prior(view.model) if self.bn_weight > 0 else None
 
         def own(images: Tensor) -> Tensor:
-            total = self.l2_weight * images.pow(2).sum()
-            return total + self.bn_weight * bn(images) if bn is not None else total
+            return self.l2_weight * images.pow(2).sum()
 
         def with_priors(
             objective: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], rows: int

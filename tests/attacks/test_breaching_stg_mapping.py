@@ -17,8 +17,8 @@ pytest.importorskip("hydra")
 from omegaconf import open_dict
 
 from lightning_fl.attacks import SeeThroughGradientsAttack
+from lightning_fl.attacks.batch_norm import batch_norm_prior
 from lightning_fl.attacks.priors import total_variation
-from lightning_fl.attacks.see_through_gradients import batch_norm_prior
 from tests.conftest import load_benchmark
 
 for _dependency in ("_timing", "analytic_attack", "label_recovery", "see_through_gradients"):

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from lightning_fl.attacks import SeeThroughGradientsAttack
+from lightning_fl.attacks.batch_norm import batch_norm_prior
 from lightning_fl.attacks.metrics import match_reconstructions, psnr
-from lightning_fl.attacks.see_through_gradients import batch_norm_prior
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule

@@ -1,0 +1,69 @@
+"""The BatchNorm statistics an attacker knows: read off a FedSGD update, used as a prior, refused where absent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_fl.attacks import InvertingGradientsAttack
+from lightning_fl.attacks.batch_norm import batch_norm_prior, batch_norm_statistics, leaked_batch_statistics
+from lightning_fl.attacks.standalone import AttackRun, client_view, run_attack
+from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.datamodules.datasets import load_dataset
+from lightning_fl.models import ConvNet, ImageClassifier
+
+
+def photo_tile(index: int = 80) -> tuple[torch.Tensor, torch.Tensor]:
+    data = load_dataset("photo_tiles", train=True, image_size=32)
+    images = data.images[index : index + 1]
+    return (images.float() / 255 if images.dtype == torch.uint8 else images), data.labels[index : index + 1]
+
+
+def test_a_fedsgd_update_of_a_batchnorm_net_leaks_every_layers_batch_statistics() -> None:
+    torch.manual_seed(0)
+    model = ConvNet(width=4, num_classes=9)
+    images, labels = photo_tile()
+    view = client_view(model, images, labels, num_classes=9)
+    leaked = leaked_batch_statistics(view)
+    seen: list[torch.Tensor] = []
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    hooks = [m.register_forward_pre_hook(lambda _, args: seen.append(args[0])) for m in norms]
+    model.train()(images)
+    for hook in hooks:
+        hook.remove()
+    assert leaked is not None and len(leaked) == len(norms) == 8
+    for (mean, var), features in zip(leaked, seen, strict=True):
+        assert torch.allclose(mean, features.mean((0, 2, 3)), atol=1e-4)
+        assert torch.allclose(var, features.var((0, 2, 3)), rtol=1e-3, atol=1e-4)
+    prior = batch_norm_prior(view.model, leaked, correction=1)
+    assert float(prior(images).detach()) < 1e-2 < float(prior(torch.rand_like(images)).detach())
+
+
+def test_leaked_statistics_are_refused_where_an_update_mixes_several_batches() -> None:
+    torch.manual_seed(0)
+    model = ConvNet(width=4, num_classes=9)
+    images = torch.rand(2, 3, 32, 32)
+    view = client_view(model, images, torch.tensor([0, 1]), num_classes=9, local_steps=2, lr=0.1)
+    assert leaked_batch_statistics(view) is None and batch_norm_statistics(view, "auto") is None
+    with pytest.raises(ValueError, match="bn_statistics='leaked' needs an update of one local step"):
+        batch_norm_statistics(view, "leaked")
+
+
+def test_attack_run_over_several_batches_reports_totals_with_intervals(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    torch.manual_seed(0)
+    model = ImageClassifier(**dm.model_options, backbone="lenet_dlg")
+    attack = InvertingGradientsAttack(max_iterations=5, restarts=1, progress_bar=False)
+    totals = run_attack(attack, data=dm, model=model, run=AttackRun(batch_size=2, batches=3), output_dir=tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["totals"] == totals and len(summary["attacks"]) == 3
+    assert totals["num_images"] == 6 and len(totals["per_image_ssim"]) == 6
+    low, high = totals["ssim_interval"]
+    assert low <= totals["ssim"] <= high and 0 <= totals["share_recovered"] <= 1
+    attacked = [name for entry in summary["attacks"] for name in entry["attacked"]]
+    assert len(set(attacked)) == 6  # disjoint batches
+    with pytest.raises(ValueError, match=r"run.batches=0 must be >= 1"):
+        AttackRun(batches=0)
