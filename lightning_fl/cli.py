@@ -199,11 +199,20 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
         finally:
             lock.release()
         table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
-        for key in ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds"):
+        if "batches" in entry:  # totals over several attacked batches
+            for key in ("psnr", "ssim"):
+                low, high = entry[f"{key}_interval"]
+                table.add_row(key, f"{entry[key]:.4g} (95% CI {low:.4g}-{high:.4g})")
+            table.add_row(f"share at SSIM >= {entry['success_ssim']}", f"{entry['share_recovered']:.3g}")
+            keys: tuple[str, ...] = ("label_accuracy", "seconds")
+        else:
+            keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds")
+        for key in keys:
             table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
         Console().print(table)
-        print(f"attacked: {', '.join(map(str, entry['attacked']))}")
-        print(f"comparison grid: {entry['image']}")
+        if "attacked" in entry:
+            print(f"attacked: {', '.join(map(str, entry['attacked']))}")
+            print(f"comparison grid: {entry['image']}")
         print(f"summary: {output_dir / 'summary.json'}")
         return entry
 

@@ -89,3 +89,32 @@ class DigitsSplit(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[index], self.labels[index]
+
+
+class PhotoNet(L.LightningModule):
+    """A user's RGB classifier as the issue's user wrote it: two conv-BatchNorm-ReLU-pool blocks and a linear layer
+    (optionally a dropout before it), for 32x32 colour tiles."""
+
+    def __init__(self, num_classes: int = 9, width: int = 16, dropout: float = 0.0, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        block = [nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2)]
+        block += [nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(), nn.MaxPool2d(2)]
+        self.features = nn.Sequential(*block)
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * width * 64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_acc", (self(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from rich.progress import Progress
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import replace_all_batch_norm_modules_
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
@@ -48,7 +48,7 @@ from lightning_fl.attacks.batch_settings import (
 )
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
-from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy
+from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_layer_weight_name
 from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
@@ -222,6 +222,33 @@ class GradientMatchingAttack(GradientAttack):
         if self.labels == "auto":
             return "infer" if batch_size > 1 else "optimise"
         return self.labels
+
+    def check_model(self, model: nn.Module, *, num_classes: int) -> None:
+        """Refuse, before any work, a model this attack cannot simulate, naming the layer.
+
+        A dropout layer with ``p > 0`` makes every simulated gradient random (the attack matches a deterministic
+        function of the candidate images); inferred labels need a classifier layer (the last 2-D parameter with
+        ``num_classes`` rows, :func:`~lightning_fl.attacks.labels.last_layer_weight_name`).
+
+        Raises:
+            ValueError: naming the dropout layer, or saying that no classifier layer was found and what to set.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
+            >>> GradientMatchingAttack().check_model(net, num_classes=3)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: the attack cannot simulate layer '1' (Dropout(p=0.5, inplace=False)): a random mask ...
+        """
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+                raise ValueError(
+                    f"the attack cannot simulate layer {name!r} ({module}): a random mask in every forward pass makes "
+                    "the client's gradient a random function of its images; set its p to 0 or attack a model "
+                    "without it."
+                )
+        if self.labels != "optimise":
+            last_layer_weight_name(model, num_classes=num_classes)
 
     def problem(self, view: ServerView) -> MatchingProblem:
         """Set up the optimisation for ``view``: starting variables on the attacked model's device, and the

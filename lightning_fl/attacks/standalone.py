@@ -186,8 +186,8 @@ def check_attack_run(
 
     Raises:
         ValueError: naming the ``run.*`` or ``attack.init_args.*`` key: ``client_id`` outside the clients,
-            ``batch_size`` x ``local_steps`` beyond the client's images, or ``layers`` patterns that match no
-            parameter.
+            ``batch_size`` x ``local_steps`` x ``batches`` beyond the client's images, or ``layers`` patterns that
+            match no parameter; or naming the layer of ``model`` the attack cannot handle (its ``check_model``).
 
     Example:
         >>> from lightning_fl.attacks import DLGAttack
@@ -210,6 +210,9 @@ def check_attack_run(
             f"run.batch_size x run.local_steps x run.batches = {run.batch_size * run.local_steps * run.batches} "
             f"exceeds the {images} images of client {client_id}; lower them or use data.num_clients: 1."
         )
+    check_model = getattr(attack, "check_model", None)
+    if check_model is not None:
+        check_model(model, num_classes=data.num_classes)
     layers = getattr(attack, "layers", None)
     names = [name for name, _ in model.named_parameters()]
     unmatched = [p for p in layers or () if not any(fnmatch.fnmatch(name, p) for name in names)]
