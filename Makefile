@@ -94,7 +94,12 @@ reproduce-attacks-2026:
 	  $(RUN) $(BIN)/python benchmarks/robbing_the_fed.py --part defences && \
 	  $(RUN) $(BIN)/python benchmarks/see_through_gradients.py && \
 	  $(RUN) $(BIN)/lightning-fl fit --config configs/see_through_gradients_resnet_digits.yaml \
-	    --output_dir $(OUT)/stg_resnet_digits; } $(LOG)
+	    --output_dir $(OUT)/stg_resnet_digits && \
+	  for s in shipped pixel_units leaked_bn full; do \
+	    $(RUN) $(BIN)/python benchmarks/ig_relu_convnet.py --setting $$s --tiles 0 80 240 || exit 1; done && \
+	  for seed in 0 1 2; do \
+	    $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml --seed_everything $$seed \
+	      --attack.init_args.progress_bar false --output_dir $(OUT)/ig_full_s$$seed || exit 1; done; } $(LOG)
 
 reproduce-gpu: $(VENV)/.installed | $(OUT)
 	{ $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu && \

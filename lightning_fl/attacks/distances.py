@@ -9,7 +9,7 @@ from torch import Tensor
 
 __all__ = ["DISTANCES", "DistanceName", "cosine_distance", "euclidean_distance"]
 
-DistanceName = Literal["euclidean", "cosine"]
+DistanceName = Literal["euclidean", "cosine", "layerwise_cosine"]
 
 
 def euclidean_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
@@ -41,4 +41,23 @@ def cosine_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) ->
     return 1 - dot / (norm_c * norm_t).clamp_min(1e-12)
 
 
-DISTANCES: dict[str, Callable[..., Tensor]] = {"euclidean": euclidean_distance, "cosine": cosine_distance}
+def layerwise_cosine_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
+    r"""The cosine distance of each matched layer, averaged: :math:`\frac1L \sum_l 1 - \cos(g'_l, g_l)`.
+
+    breaching's ``layerwise-cosine`` objective: every layer counts alike, whatever its gradient's magnitude, where
+    :func:`cosine_distance` lets the layers with the largest gradients decide.
+
+    Example:
+        >>> import torch
+        >>> layerwise_cosine_distance(candidate=[torch.tensor([1.0, 0.0]), torch.ones(2)], target=[torch.ones(2)] * 2)
+        tensor(0.1464)
+    """
+    total = sum(cosine_distance(candidate=[c], target=[t]) for c, t in zip(candidate, target, strict=True))
+    return total / len(candidate)
+
+
+DISTANCES: dict[str, Callable[..., Tensor]] = {
+    "euclidean": euclidean_distance,
+    "cosine": cosine_distance,
+    "layerwise_cosine": layerwise_cosine_distance,
+}

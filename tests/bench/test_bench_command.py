@@ -138,7 +138,9 @@ def test_a_preset_starts_from_its_base_and_overrides_it(tmp_path) -> None:
         load_settings(tmp_path / "loop.yaml")
 
 
-@pytest.mark.parametrize("preset", ["configs/bench_lfw.yaml", "configs/bench_photos_resnet.yaml"])
+@pytest.mark.parametrize(
+    "preset", ["configs/bench_lfw.yaml", "configs/bench_photos_resnet.yaml", "configs/bench_photos_convnet.yaml"]
+)
 def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
     from lightning_fl.bench.command import check_grid
 
