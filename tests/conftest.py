@@ -105,8 +105,9 @@ BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 def load_benchmark(name: str) -> ModuleType:
     """Import ``benchmarks/<name>.py`` by path (opacus installs a ``benchmarks`` package that shadows the folder),
-    with its settings helper ``_config`` importable as the scripts expect when run as ``python benchmarks/x.py``."""
-    for module_name in ("_config", name):
+    with its helpers (``_config``, ``_timing``, ``_results``) importable as the scripts expect when run as
+    ``python benchmarks/x.py``."""
+    for module_name in ("_config", "_timing", "_results", name):
         if module_name not in sys.modules:
             spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{module_name}.py")
             module = importlib.util.module_from_spec(spec)

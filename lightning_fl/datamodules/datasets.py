@@ -44,9 +44,12 @@ TORCHVISION_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "lfw")
 
 @dataclass
 class ImageTensorDataset(Dataset):
-    """Images ``(N, C, H, W)`` stored as uint8 or float in [0, 1], and integer labels ``(N,)``."""
+    """Images ``(N, C, H, W)`` and integer labels ``(N,)``; the pixels are stored as uint8 or float in [0, 1] and
+    every read (:attr:`images`, indexing, :meth:`tensors`) gives float images in [0, 1], so no caller can mistake
+    0-255 pixels for [0, 1] ones."""
 
-    images: Tensor
+    pixels: Tensor
+    """The stored pixels (uint8 where the source was 8-bit: four times less memory than float)."""
     labels: Tensor
     num_classes: int
     sources: tuple[str, ...] | None = None
@@ -56,17 +59,22 @@ class ImageTensorDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return _to_float(self.images[index]), self.labels[index]
+        return _to_float(self.pixels[index]), self.labels[index]
 
     def subset(self, indices: np.ndarray | Tensor) -> ImageTensorDataset:
         """A new dataset holding the given rows (no copy of unrelated rows)."""
         idx = torch.as_tensor(indices, dtype=torch.long)
         sources = tuple(self.sources[i] for i in idx.tolist()) if self.sources is not None else None
-        return ImageTensorDataset(self.images[idx], self.labels[idx], self.num_classes, sources)
+        return ImageTensorDataset(self.pixels[idx], self.labels[idx], self.num_classes, sources)
+
+    @property
+    def images(self) -> Tensor:
+        """All images as float in [0, 1], ``(N, C, H, W)``."""
+        return _to_float(self.pixels)
 
     def tensors(self) -> tuple[Tensor, Tensor]:
         """All images as float in [0, 1] and all labels."""
-        return _to_float(self.images), self.labels
+        return self.images, self.labels
 
 
 def _to_float(images: Tensor) -> Tensor:

@@ -260,7 +260,7 @@ class FederatedDataModule:
         """Shape of one input sample, e.g. ``(C, H, W)`` for images."""
         train = self.train_set
         if isinstance(train, ImageTensorDataset):
-            return tuple(train.images.shape[1:])
+            return tuple(train.pixels.shape[1:])
         return tuple(torch.as_tensor(train[0][0]).shape)
 
     @cached_property
