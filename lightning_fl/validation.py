@@ -26,6 +26,7 @@ __all__ = [
     "check_checkpoints_load_safely",
     "check_config_file",
     "check_device_count",
+    "check_federated_data",
     "check_learning_rate",
     "check_non_negative",
     "check_num_rounds",
@@ -267,6 +268,39 @@ def check_device_count(options: Mapping[str, Any], *, key: str = "loop.trainer")
             f"{key}.devices={devices!r} asks for {count} processes on this machine, which has {available} {kind}; "
             f"use at most {available}."
         )
+
+
+def check_federated_data(datamodule: Any, *, key: str = "datamodule") -> None:
+    """Refuse data that is not a :class:`~lightning_fl.datamodules.FederatedDataModule`, naming the wrapper.
+
+    A user's ``LightningDataModule`` or ``Dataset`` holds one data set, not clients; the federation needs it split
+    (``num_clients``, ``client_train_set``), which the wrapper does. Checked where a run takes its data, before
+    anything reads it.
+
+    Raises:
+        TypeError: naming the class received and the call that wraps it.
+
+    Example:
+        >>> import lightning as L
+        >>> check_federated_data(L.LightningDataModule())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: datamodule is a LightningDataModule (one data set, not clients); wrap it: ...
+    """
+    if all(hasattr(datamodule, name) for name in ("num_clients", "client_train_set", "test_dataloader")):
+        return
+    name = type(datamodule).__name__
+    what = "LightningDataModule" if isinstance(datamodule, L.LightningDataModule) else name
+    if isinstance(datamodule, L.LightningDataModule | torch.utils.data.Dataset):
+        raise TypeError(
+            f"{key} is a {what} (one data set, not clients); wrap it: FederatedDataModule({name}(...), "
+            "num_clients=10, partition='iid') splits its training set across the clients, and its test set "
+            "evaluates the global model."
+        )
+    raise TypeError(
+        f"{key} is a {name}; pass a FederatedDataModule (a dataset name, an ImageFolder path, a Dataset or your "
+        "LightningDataModule split across clients: FederatedDataModule(..., num_clients=10))."
+    )
 
 
 def check_output_dir(path: str | Path, *, key: str = "output_dir") -> None:

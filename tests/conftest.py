@@ -1,4 +1,5 @@
-"""Shared fixtures: offline W&B, one torch thread per test worker, tiny federations on real digits."""
+"""Shared fixtures: offline W&B, one torch thread per test worker, tiny federations on real digits, and the guard
+that keeps every test out of the repository's ``runs/`` (tests write and read only their own temporary folders)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,64 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.models import ImageClassifier
 
 torch.set_num_threads(int(os.environ.get("LIGHTNING_FL_TEST_THREADS", "1")))
+
+REPO = Path(__file__).parents[1]
+REPO_RUNS = REPO / "runs"
+"""The repository's run folder: ``make quickstart``, the README's commands and a user's runs write there, a test
+never does (:func:`_repository_runs_untouched`)."""
+
+
+def runs_state(root: Path, *, depth: int | None = None) -> dict[str, tuple[int, int]]:
+    """``(mtime_ns, size)`` of every entry under ``root`` down to ``depth`` levels (all with ``None``), by relative
+    path: two states differ when an entry was created, deleted, renamed onto or written (a folder's own mtime
+    changes when an entry is created in it)."""
+    state: dict[str, tuple[int, int]] = {}
+    if not root.is_dir():
+        return state
+    for folder, dirs, files in os.walk(root):
+        level = len(Path(folder).relative_to(root).parts)
+        for name in dirs + files:
+            path = Path(folder) / name
+            try:
+                stat = path.lstat()
+            except FileNotFoundError:  # removed while we walked
+                continue
+            state[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size)
+        if depth is not None and level + 1 >= depth:
+            dirs.clear()
+    return state
+
+
+def _runs_changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[str]:
+    return sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+
+
+def _fail_on_runs_changes(before: dict, after: dict, where: str) -> None:
+    if changed := _runs_changes(before, after):
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        pytest.fail(
+            f"{where} created or changed {shown} under {REPO_RUNS}; tests write only under tmp_path: pass "
+            "--output_dir / output_dir=tmp_path (a config's output_dir and the defaults are relative to the working "
+            "directory). Under pytest-xdist a test running beside it may be the one.",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _repository_runs_untouched_by_the_session():
+    """Fail the session when anything under ``<repo>/runs`` was created or changed, at any depth."""
+    before = runs_state(REPO_RUNS)
+    yield
+    _fail_on_runs_changes(before, runs_state(REPO_RUNS), "the test session")
+
+
+@pytest.fixture(autouse=True)
+def _repository_runs_untouched(request):
+    """Fail the test that created or changed an entry of ``<repo>/runs`` (its first two levels: a run directory and
+    its files and folders; deeper writes are caught for the whole session)."""
+    before = runs_state(REPO_RUNS, depth=2)
+    yield
+    _fail_on_runs_changes(before, runs_state(REPO_RUNS, depth=2), request.node.nodeid)
 
 
 @pytest.fixture(autouse=True)
@@ -114,3 +173,34 @@ def load_benchmark(name: str) -> ModuleType:
             sys.modules[module_name] = module
             spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+COMMAND_DEFAULT_RUNS = ("runs/lightning-fl", "runs/attack", "runs/bench")
+"""Where ``fit``/``test``, ``attack`` and ``bench`` write when neither the command line nor the config names an
+``output_dir``."""
+
+
+def _output_dirs(settings: object) -> list[str]:
+    """Every ``output_dir`` value anywhere in a loaded YAML config (top level, ``quick:`` presets)."""
+    if isinstance(settings, dict):
+        found = [settings["output_dir"]] if isinstance(settings.get("output_dir"), str) else []
+        return found + [d for value in settings.values() for d in _output_dirs(value)]
+    return [d for value in settings for d in _output_dirs(value)] if isinstance(settings, list) else []
+
+
+@pytest.fixture
+def cwd_with_finished_runs(tmp_path_factory, monkeypatch) -> Path:
+    """Run the test in a working directory whose ``runs/`` holds a finished run in every folder a shipped config or
+    a command writes to by default, as a working tree does after ``make quickstart`` and the README's commands: a
+    command a test starts without its own ``--output_dir`` meets a run there and is refused, so the test fails."""
+    import yaml
+
+    work = tmp_path_factory.mktemp("working_tree")
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    for name in {*COMMAND_DEFAULT_RUNS, *(d for c in configs for d in _output_dirs(yaml.safe_load(c.read_text())))}:
+        run = work / name
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "config.yaml").write_text("seed_everything: 0\n")
+        (run / "summary.json").write_text('{"rounds_completed": 1}\n')
+    monkeypatch.chdir(work)
+    return work

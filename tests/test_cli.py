@@ -10,6 +10,10 @@ from lightning_fl.cli import main
 
 QUICKSTART = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
 
+# every command here runs where runs/quickstart and the other default run folders hold a finished run, as in a
+# working tree after `make quickstart`: a command that reads or writes one it was not given fails its test
+pytestmark = pytest.mark.usefixtures("cwd_with_finished_runs")
+
 
 def test_fit_writes_summary_and_resolved_config(tmp_path, capsys) -> None:
     rc = main(
@@ -74,8 +78,17 @@ def test_bad_config_exits_with_one_line_naming_the_key(tmp_path, capsys, args: l
 
 
 def test_missing_data_path_is_a_config_error(tmp_path, capsys) -> None:
-    rc = main(["fit", "--config", str(QUICKSTART), "--data.dataset", str(tmp_path / "missing")])
+    run = tmp_path / "run"
+    args = ["--data.dataset", str(tmp_path / "missing"), "--output_dir", str(run)]
+    rc = main(["fit", "--config", str(QUICKSTART), *args])
     assert rc == 2 and "nor an existing ImageFolder directory" in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_a_test_that_forgets_its_output_dir_meets_the_working_trees_finished_run(capsys) -> None:
+    """The guard of this module: without --output_dir the quickstart config's runs/quickstart holds a run."""
+    assert main(["fit", "--config", str(QUICKSTART), "--data.dataset", "digits"]) == 2
+    assert "output_dir='runs/quickstart' holds a run" in capsys.readouterr().err
 
 
 def test_print_config_shows_every_key_without_training(tmp_path, capsys) -> None:

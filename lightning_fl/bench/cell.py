@@ -50,7 +50,7 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
 
 def failure(err: BaseException) -> str:
     """A failed run's status: the exception, on one line."""
-    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:400]}"
 
 
 def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ loop), so a run built here trains exactly as ``lightning-fl fit`` with the same 
 from __future__ import annotations
 
 import inspect
+import re
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,10 +23,13 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation import FederatedLoop
 
-__all__ = ["build_loop", "fit_config_spec", "fit_spec", "recorded_warnings", "scratch_loop"]
+__all__ = ["build_loop", "data_options", "fit_config_spec", "fit_spec", "recorded_warnings", "scratch_loop"]
 
 _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
 """The data options the command links into a model's ``init_args`` (when the model accepts them)."""
+
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+"""A dotted Python name (``my_project.data.DigitsDataModule``): how a ``data.dataset`` string names a class."""
 
 _SPEC_KEYS = frozenset({"data", "model", "loop", "defences", "client_callbacks", "seed"})
 
@@ -59,7 +63,7 @@ def build_loop(
 
     seed = int(spec["seed"])
     L.seed_everything(seed, verbose=False)
-    data = FederatedDataModule(**{"seed": seed, **spec["data"]})
+    data = FederatedDataModule(**{"seed": seed, **data_options(spec["data"])})
     model_type = load_class(spec["model"]["class_path"])
     accepted = inspect.signature(model_type).parameters
     links = {k: v for k, v in data.model_options.items() if k in _DATA_LINKS and k in accepted}
@@ -77,6 +81,38 @@ def build_loop(
         progress_bar=progress_bar,
         **loop_options,
     )
+
+
+def data_options(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~lightning_fl.datamodules.FederatedDataModule` options of a ``data`` section, its ``dataset``
+    built as ``lightning-fl fit`` builds it.
+
+    A ``class_path``/``init_args`` mapping (``dataset`` or ``test_dataset``) becomes an instance; so does a
+    ``dataset`` string that names no dataset or folder but a class (``my_project.DigitsDataModule``), made with its
+    default arguments. A dataset name or an ImageFolder path stays a string.
+
+    Raises:
+        ValueError: naming ``data.dataset`` when it reads as a class path (``a.b.C``) that does not import.
+
+    Example:
+        >>> type(data_options({"dataset": "torch.utils.data.TensorDataset"})["dataset"]).__name__
+        'TensorDataset'
+        >>> data_options({"dataset": "digits", "num_clients": 4})
+        {'dataset': 'digits', 'num_clients': 4}
+    """
+    from lightning_fl.datamodules.datasets import OFFLINE_DATASETS, TORCHVISION_DATASETS
+
+    options = build(dict(data))
+    dataset = options.get("dataset")
+    named = isinstance(dataset, str) and (dataset in OFFLINE_DATASETS + TORCHVISION_DATASETS or Path(dataset).exists())
+    if isinstance(dataset, str) and not named and _CLASS_PATH.fullmatch(dataset):
+        try:
+            options["dataset"] = load_class(dataset)()
+        except ValueError as err:
+            raise ValueError(
+                f"data.dataset={dataset!r} is no known dataset or folder, and as a class path: {err}"
+            ) from None
+    return options
 
 
 def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:

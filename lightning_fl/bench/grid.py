@@ -28,6 +28,7 @@ __all__ = [
     "Cell",
     "Utility",
     "applies",
+    "apply_only",
     "build",
     "cells",
     "changes_run",
@@ -80,6 +81,24 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
     return {**settings, axis: chosen}
 
 
+def apply_only(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` trimmed to its ``only:`` section (see :func:`select`), which it no longer holds once applied.
+
+    Raises:
+        ValueError: naming an ``only`` value that the config does not have.
+
+    Example:
+        >>> apply_only({"seeds": [0, 1, 2], "only": {"seeds": [1]}})
+        {'seeds': [1]}
+    """
+    only = settings.get("only") or {}
+    settings = {key: value for key, value in settings.items() if key != "only"}
+    for axis in SELECTABLE:
+        if only.get(axis) is not None:
+            settings = select(settings, axis, only[axis])
+    return settings
+
+
 def read_mapping(path: str | Path, what: str) -> dict[str, Any]:
     """The YAML mapping in ``path`` (a ``what``: "bench config", "fit config", ...).
 
@@ -122,13 +141,10 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     missing = [key for key in _REQUIRED if key not in raw]
     if missing:
         raise ValueError(f"bench config {path} lacks {missing}; see configs/bench_digits.yaml for the keys.")
-    settings = raw
     for axis in SELECTABLE:
-        if not settings[axis]:
+        if not raw[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")
-        keep = (settings.get("only") or {}).get(axis)
-        if keep is not None:
-            settings = select(settings, axis, keep)
+    settings = apply_only(raw)
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
         if unknown or not (threat or {}).get("leak_point"):

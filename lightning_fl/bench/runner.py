@@ -23,7 +23,7 @@ from typing import Any
 
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
-from lightning_fl.bench.grid import Cell, Utility, cells, fingerprint, utilities
+from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, fingerprint, utilities
 
 __all__ = ["available_cores", "run_bench", "threads_per_job"]
 
@@ -140,6 +140,14 @@ def run_bench(
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
 
+    The Python form of ``lightning-fl bench``: ``settings`` is a bench config as a mapping (the keys of
+    docs/bench.md, "The config"), e.g. from :func:`~lightning_fl.bench.grid.load_settings` or written in code. Its
+    ``data`` section is a ``lightning-fl fit`` config's: ``dataset`` may be a name, an ImageFolder path, or a
+    ``LightningDataModule`` (``{class_path: my.DataModule, init_args: {...}}`` or the class path alone). Its
+    ``only:`` section trims the grid (:func:`~lightning_fl.bench.grid.apply_only`), as ``--defences``/``--attacks``/
+    ``--threat_models``/``--seeds`` do on the command line; unlike the command, nothing is built before the first
+    run, so a broken run fails its rows (``status``) instead of raising.
+
     Each finished run is stored in ``output_dir/utility/<run>.json`` or ``output_dir/cells/<cell>.json`` (written
     atomically, with a fingerprint of its settings); one whose file exists with the same fingerprint is not re-run,
     so an interrupted bench continues where it stopped when the same command runs again. ``jobs > 1`` runs the
@@ -151,7 +159,14 @@ def run_bench(
     Returns:
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
         a run of it failed.
+
+    Example::
+
+        settings = load_settings("configs/bench_digits.yaml", quick=True)
+        settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
+        rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
+    settings = apply_only(settings)
     output_dir = Path(output_dir)
     utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)

@@ -73,6 +73,10 @@ class Defence:
         """The callbacks, transforms, aggregator and selector this defence adds to a federated run."""
         return DefenceParts()
 
+    def check_model(self, model: nn.Module) -> None:
+        """Raise a ``ValueError`` naming the layer and the fix if this defence cannot train ``model`` (the model with
+        every defence's layers in place); called when the run is built, before any training. Default: any model."""
+
 
 def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
     """Apply the model layers of ``defences`` to ``model`` by :attr:`Defence.model_stage`; returns the same model.
@@ -84,7 +88,8 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
 
     Raises:
         TypeError: if an entry is not a :class:`Defence`.
-        ValueError: if a defence is listed twice (two key-locks would lock the block twice).
+        ValueError: if a defence is listed twice (two key-locks would lock the block twice), or cannot train the
+            defended model (:meth:`Defence.check_model`: DP-SGD through a BatchNorm).
 
     Example:
         >>> from lightning_fl.defences import KeyLocks
@@ -101,6 +106,8 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
         if returned is not model:
             raise TypeError(f"{type(defence).__name__}.apply_to_model must change the model in place and return it.")
         applied.append(id(defence))
+    for defence in defences:
+        defence.check_model(model)
     return model
 
 

@@ -40,6 +40,7 @@ def _broken(path: list[str], value: object) -> dict:
         (_broken(["threat_models", "fedsgd_b1", "dataa"], {}), "unknown keys ['dataa']"),
     ],
 )
+@pytest.mark.usefixtures("cwd_with_finished_runs")
 def test_a_broken_run_anywhere_in_the_grid_exits_2_before_writing(tmp_path, capsys, settings, named) -> None:
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump({**settings, "output_dir": str(tmp_path / "out")}))
@@ -49,6 +50,7 @@ def test_a_broken_run_anywhere_in_the_grid_exits_2_before_writing(tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.usefixtures("cwd_with_finished_runs")
 def test_selection_flags_trim_the_grid_and_name_unknown_values(tmp_path, capsys) -> None:
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump({**MINI, "output_dir": str(tmp_path / "out")}))
@@ -66,6 +68,7 @@ def test_selection_flags_trim_the_grid_and_name_unknown_values(tmp_path, capsys)
     )
 
 
+@pytest.mark.usefixtures("cwd_with_finished_runs")
 def test_a_failed_run_exits_1_and_an_interrupted_bench_prints_its_own_resume_hint(tmp_path, capsys, monkeypatch):
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump({**MINI, "output_dir": str(tmp_path / "out")}))

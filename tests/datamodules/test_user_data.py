@@ -178,3 +178,38 @@ def test_the_saved_config_of_a_user_datamodule_records_no_unused_image_options(t
     assert main(["fit", *args, "--output_dir", str(tmp_path / "run")]) == 0
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "image_size" not in saved and "batch_size: 8" in saved and "batch_size: 32" not in saved
+
+
+WRAP_IT = r"datamodule is a LightningDataModule \(one data set, not clients\); wrap it: FederatedDataModule\(Digits"
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (DigitsDataModule(), WRAP_IT),
+        (DigitsPairs(*digits_tensors()), r"datamodule is a DigitsPairs .*wrap it: FederatedDataModule\(DigitsPairs"),
+        ("digits", r"datamodule is a str; pass a FederatedDataModule"),
+    ],
+    ids=["LightningDataModule", "Dataset", "name"],
+)
+def test_data_that_is_not_federated_is_refused_with_the_wrapper_to_use(data, match: str) -> None:
+    from lightning_fl.validation import check_federated_data
+
+    with pytest.raises(TypeError, match=match):
+        check_federated_data(data)
+    check_federated_data(FederatedDataModule(DigitsDataModule(), num_clients=2, partition="iid"))  # wrapped: taken
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AttributeError,
+    reason="FederatedLoop.__init__ (federation/loop.py, not this branch's to edit) must call "
+    "check_federated_data(datamodule) before datamodule.setup(); then drop this mark",
+)
+def test_the_loop_refuses_a_plain_lightning_datamodule_naming_the_wrapper(tmp_path) -> None:
+    class SetupWithoutStage(DigitsDataModule):  # as the user wrote it: setup(stage=None)
+        def setup(self, stage: str | None = None) -> None:
+            super().setup(stage or "fit")
+
+    with pytest.raises(TypeError, match=WRAP_IT):
+        FederatedLoop(DigitsNet(), SetupWithoutStage(), output_dir=tmp_path / "run")

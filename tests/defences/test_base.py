@@ -39,7 +39,7 @@ class _NeedsFedAvg(Defence):
 
 def test_parts_are_merged_and_two_aggregators_conflict() -> None:
     noise = GaussianNoise(0.1)
-    parts = collect_parts([noise, FedCDP()], model=_net())
+    parts = collect_parts([noise, FedCDP()], model=nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU()))  # DP-SGD: no BN
     assert parts.client_transforms == [noise] and len(parts.client_callbacks) == 1 and len(parts.callbacks) == 1
     with pytest.raises(ValueError, match=r"_NeedsFedAvg sets the aggregator, but loop\.aggregator"):
         collect_parts([_NeedsFedAvg()], model=_net(), aggregator=FedAvg())

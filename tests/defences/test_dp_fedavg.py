@@ -43,8 +43,12 @@ def _round(dp: DPFedAvg, round_idx: int, norms: list[float]) -> tuple[dict, dict
 def test_update_noise_multiplier_composes_to_the_total() -> None:
     z_update = update_noise_multiplier(noise_multiplier=1.0, clipped_count_stddev=0.5 * 10 / 2)
     assert z_update**-2 + (2 * 2.5) ** -2 == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="must exceed noise_multiplier/2"):
-        update_noise_multiplier(noise_multiplier=1.0, clipped_count_stddev=0.4)
+    with pytest.raises(ValueError, match="must exceed noise_multiplier/2") as refused:
+        update_noise_multiplier(noise_multiplier=1.0, clipped_count_stddev=0.2)  # 4 clients a round, by default
+    assert "set clipped_count_stddev=1 (the update's noise multiplier is then 1.15)" in str(refused.value)
+    assert "or noise_multiplier below 0.4" in str(refused.value)
+    z_update = update_noise_multiplier(noise_multiplier=1.0, clipped_count_stddev=1.0)  # the value it names works
+    assert z_update == pytest.approx(2 / 3**0.5)
 
 
 def test_clients_clip_to_the_bound_and_report_it() -> None:

@@ -97,7 +97,7 @@ class _WithBatchNorm(DigitsNet):
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (_WithBatchNorm, r"BatchNorm features\.1: .*ModuleValidator\.fix\(model\)"),
+        (_WithBatchNorm, r"BatchNorm features\.1 \(BatchNorm2d\): .*ModuleValidator\.fix\(model\)"),
         (lambda: add_keylock(DigitsNet(), key_length=8), r"layer features\.0\.1 \(KeyLockNorm2d\) .*norm='group'"),
     ],
     ids=["batch_norm", "keylock_batch_norm"],

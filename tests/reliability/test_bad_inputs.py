@@ -14,6 +14,8 @@ import torch
 from lightning_fl.cli import main
 from tests.reliability.helpers import CONFIGS, QUICKSTART, one_error_line
 
+pytestmark = pytest.mark.usefixtures("cwd_with_finished_runs")  # the default run folders hold finished runs
+
 
 @pytest.fixture(autouse=True)
 def _no_process_is_launched(monkeypatch) -> None:

@@ -42,6 +42,10 @@ CASES = {
     ),
     "NaN noise": (["--defences", f"[{NOISE % '.nan'}]"], "GaussianNoise(noise_std=nan) must be a finite number >= 0"),
     "budget without DP": (["--loop.callbacks", BUDGET], "PrivacyBudget but the run has no DP defence"),
+    "Fed-CDP on a BatchNorm model": (
+        ["--model.init_args.backbone", "convnet_small", "--defences", "[{class_path: lightning_fl.defences.FedCDP}]"],
+        "FedCDP cannot compute per-example gradients through BatchNorm backbone.features.1 (BatchNorm2d)",
+    ),
 }
 
 

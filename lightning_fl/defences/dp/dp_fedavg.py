@@ -58,7 +58,8 @@ def update_noise_multiplier(*, noise_multiplier: float, clipped_count_stddev: fl
     (sensitivity C) are released together with the privacy of one Gaussian mechanism of multiplier z.
 
     Raises:
-        ValueError: when :math:`2\sigma_b \le z`: the count's noise alone would exceed the budget.
+        ValueError: when :math:`2\sigma_b \le z`: the count's noise alone would exceed the budget; the message names
+            :math:`\sigma_b = z` (the update's multiplier is then :math:`2z/\sqrt 3`) and the largest z that works.
 
     Example:
         >>> round(update_noise_multiplier(noise_multiplier=1.0, clipped_count_stddev=5.0), 4)
@@ -67,9 +68,13 @@ def update_noise_multiplier(*, noise_multiplier: float, clipped_count_stddev: fl
     if noise_multiplier <= 0:
         raise ValueError(f"DPFedAvg(noise_multiplier={noise_multiplier}) must be > 0.")
     if 2 * clipped_count_stddev <= noise_multiplier:
+        works = update_noise_multiplier(noise_multiplier=noise_multiplier, clipped_count_stddev=noise_multiplier)
         raise ValueError(
-            f"DPFedAvg(clipped_count_stddev={clipped_count_stddev}) must exceed noise_multiplier/2 = "
-            f"{noise_multiplier / 2}; Andrew et al. use clients_per_round/20 with z <= 1."
+            f"DPFedAvg(clipped_count_stddev={clipped_count_stddev:g}) must exceed noise_multiplier/2 = "
+            f"{noise_multiplier / 2:g} (its default is clients_per_round/20); "
+            f"set clipped_count_stddev={noise_multiplier:g} "
+            f"(the update's noise multiplier is then {works:.3g}), or noise_multiplier below "
+            f"{2 * clipped_count_stddev:g}; Andrew et al. use clients_per_round/20 with z <= 1."
         )
     return (noise_multiplier**-2 - (2 * clipped_count_stddev) ** -2) ** -0.5
 

@@ -29,7 +29,7 @@ from lightning_fl.defences.dp.opacus_hooks import (
     NoiseScaling,
     UnitAwareGradSampleModule,
     UnitGradSampler,
-    check_no_batch_norm,
+    check_per_example_model,
     is_unit,
     opacus_noise_multiplier,
     strip_opacus_state,
@@ -289,7 +289,7 @@ class PerExampleDP(L.Callback):
                 f"PerExampleDP supports exactly one optimizer, {type(pl_module).__name__}.configure_optimizers "
                 f"returned {len(trainer.optimizers)}."
             )
-        check_no_batch_norm(pl_module)
+        check_per_example_model(pl_module)
         loader = trainer.train_dataloader
         if isinstance(getattr(loader, "batch_sampler", None), PoissonBatchSampler):  # a Trainer fitted again
             sample_rate = loader.batch_sampler.sample_rate

@@ -2,8 +2,9 @@
 
 Opacus' ``GradSampleModule`` hooks every leaf layer; passport and key-lock layers build their weights from private,
 batch-free inputs and must be differentiated per example as one unit (``per_example_unit = True``). This module
-holds that unit sampler, the hook module that skips such layers, the BatchNorm check, the noise-multiplier
-conversion to Opacus' convention, and the removal of what Opacus' hooks leave behind.
+holds that unit sampler, the hook module that skips such layers, the check of a model's layers against Opacus'
+``ModuleValidator`` rules, the noise-multiplier conversion to Opacus' convention, and the removal of what Opacus'
+hooks leave behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 from opacus import GradSampleModule
+from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.hooks import RemovableHandle
@@ -25,7 +27,7 @@ __all__ = [
     "NoiseScaling",
     "UnitAwareGradSampleModule",
     "UnitGradSampler",
-    "check_no_batch_norm",
+    "check_per_example_model",
     "is_unit",
     "opacus_noise_multiplier",
     "strip_opacus_state",
@@ -127,22 +129,61 @@ class UnitAwareGradSampleModule(GradSampleModule):
         yield from super().iterate_submodules(module)
 
 
-def check_no_batch_norm(module: nn.Module) -> None:
-    """Raise if a BatchNorm would mix the examples of a batch, with the fix for its kind of layer."""
+def _opacus_errors(layer: nn.Module) -> list[Exception]:
+    """What Opacus' :class:`ModuleValidator` rule for ``layer``'s class (or a base class) objects to; ``[]`` when
+    none applies (BatchNorm, LSTM/GRU/RNN, MultiheadAttention, InstanceNorm with running statistics have rules)."""
+    validator = next(
+        (ModuleValidator.VALIDATORS[t] for t in type(layer).__mro__ if t in ModuleValidator.VALIDATORS), None
+    )
+    return list(validator(layer)) if validator is not None else []
+
+
+def check_per_example_model(module: nn.Module, *, owner: str = "PerExampleDP") -> None:
+    """Raise before training if Opacus cannot give ``module`` per-example gradients, naming the layer and the fix.
+
+    Every layer goes through Opacus' own ``ModuleValidator`` rules, by name (Opacus' ``ModuleValidator.validate``
+    does not say which layer failed, and skips layers without trainable parameters, though a BatchNorm without them
+    still mixes a batch's examples). Layers marked ``per_example_unit`` (passports, key-locks) are differentiated as
+    one unit; a BatchNorm inside one mixes the examples all the same, and is refused with that layer's own fix.
+
+    Args:
+        module: the model a DP-SGD fit would train (with the other defences' layers already in place).
+        owner: who refuses it, first in the message (``PerExampleDP``, or the defence bundle that runs it).
+
+    Raises:
+        ValueError: naming the first layer Opacus cannot handle, its class, why, and the fix.
+
+    Example:
+        >>> check_per_example_model(nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4)))
+        >>> check_per_example_model(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)), owner="FedCDP")
+        Traceback (most recent call last):
+        ...
+        ValueError: FedCDP cannot compute per-example gradients through BatchNorm 1 (BatchNorm2d): it mixes the \
+examples of a batch; before training call `model = opacus.validators.ModuleValidator.fix(model)` (GroupNorm).
+    """
     units = [name for name, m in module.named_modules() if is_unit(m)]
-    for name, m in module.named_modules():
-        if not isinstance(m, nn.modules.batchnorm._BatchNorm):
+    for name, layer in module.named_modules():
+        errors = _opacus_errors(layer)
+        if not errors:
             continue
-        owner = next((unit for unit in units if name.startswith(f"{unit}.")), None)
-        if owner is not None:
+        unit = next((u for u in units if name.startswith(f"{u}.")), None)
+        batch_norm = isinstance(layer, nn.modules.batchnorm._BatchNorm)
+        if unit is not None and batch_norm:
             raise ValueError(
-                f"PerExampleDP: the layer {owner} ({type(module.get_submodule(owner)).__name__}) normalises with "
+                f"{owner}: the layer {unit} ({type(module.get_submodule(unit)).__name__}) normalises with "
                 "BatchNorm, which mixes the examples of a batch; build it with norm='group' (add_keylock(..., "
                 "norm='group'), KeyLocks(norm='group'))."
             )
+        if unit is not None:  # differentiated whole by torch.func, not by Opacus' hooks
+            continue
+        kind = (
+            f"BatchNorm {name} ({type(layer).__name__}): it mixes the examples of a batch"
+            if batch_norm
+            else (f"{name} ({type(layer).__name__}): {' '.join(str(errors[0]).split())}")
+        )
         raise ValueError(
-            f"PerExampleDP cannot compute per-example gradients through BatchNorm {name}: it mixes the examples "
-            "of a batch; before training call `model = opacus.validators.ModuleValidator.fix(model)` (GroupNorm)."
+            f"{owner} cannot compute per-example gradients through {kind}; before training call "
+            "`model = opacus.validators.ModuleValidator.fix(model)` (GroupNorm)."
         )
 
 

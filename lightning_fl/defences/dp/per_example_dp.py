@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from torch import nn
 from typing_extensions import override
 
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.defences.base import Defence, DefenceParts
 from lightning_fl.defences.dp.dp_sgd import AccountingNoise, PerExampleDP, Sampling, check_dp_sgd_options
-from lightning_fl.defences.dp.opacus_hooks import Clipping, NoiseScaling, opacus_noise_multiplier
+from lightning_fl.defences.dp.opacus_hooks import (
+    Clipping,
+    NoiseScaling,
+    check_per_example_model,
+    opacus_noise_multiplier,
+)
 from lightning_fl.messages import ClientUpdate
 from lightning_fl.privacy.accounting import AccountantName, Conversion, PrivacyAccountant, PrivacyLedger
 from lightning_fl.privacy.schedules import Schedule
@@ -129,6 +135,11 @@ class ClientDPSGD(Defence, FederatedCallback, PrivacyLedger):
     @override
     def parts(self) -> DefenceParts:
         return DefenceParts(client_callbacks=[self.dp], callbacks=[self])
+
+    @override
+    def check_model(self, model: nn.Module) -> None:
+        """Opacus' layer rules (:func:`check_per_example_model`), checked when the loop is built."""
+        check_per_example_model(model, owner=type(self).__name__)
 
     # -- geometry of a round ----------------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,53 @@
+"""The bench on a user's own LightningDataModule, given in YAML as ``fit`` takes it, through the command and
+``run_bench``: the same selection (``--defences``/``--attacks`` on the command line, ``only:`` in Python) gives the
+same table."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import yaml
+
+from lightning_fl.bench import run_bench
+from lightning_fl.cli import main
+from tests.bench.test_bench import MINI
+
+_USER_DATA = {"class_path": "tests.user_project.DigitsDataModule", "init_args": {"batch_size": 64}}
+USER_GRID = {  # 8x8 digits from the user's DataModule; a 2-by-2-by-2 grid of which one cell is selected
+    **MINI,
+    "data": {"dataset": _USER_DATA, "num_clients": 4, "partition": "iid", "batch_size": 16},
+    "attacks": {**MINI["attacks"], "dlg": {"class_path": "lightning_fl.attacks.DLGAttack"}},
+    "threat_models": {**MINI["threat_models"]},
+}
+USER_GRID["attacks"]["ig"] = {**MINI["attacks"]["ig"], "init_args": {"max_iterations": 60}}
+USER_GRID["loop"] = {**MINI["loop"], "num_rounds": 1, "local_steps": 2}
+SELECTION = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
+
+
+def _table(folder) -> list[dict[str, str]]:
+    """``bench.csv`` without its timing column (CPU seconds differ from run to run)."""
+    return [{k: v for k, v in row.items() if "cpu" not in k} for row in csv.DictReader((folder / "bench.csv").open())]
+
+
+def test_bench_runs_a_user_datamodule_from_yaml_with_a_selection_and_run_bench_gives_the_same_table(tmp_path):
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({**USER_GRID, "output_dir": str(tmp_path / "unused")}))
+    flags = [f"--{axis}={','.join(map(str, names))}" for axis, names in SELECTION.items()]
+    assert main(["bench", "-c", str(config), *flags, "--output_dir", str(tmp_path / "command")]) == 0
+    assert [p.name for p in (tmp_path / "command" / "cells").glob("*.json")] == ["none__ig__fedsgd_b1__s0.json"]
+    (row,) = _table(tmp_path / "command")
+    assert (row["defence"], row["attack"], row["threat_model"], row["status"]) == ("none", "ig", "fedsgd_b1", "ok")
+    assert float(row["psnr_mean"]) > 20.0  # Inverting Gradients recovers one 8x8 digit of the user's data
+
+    # the same settings in Python, the DataModule as a class path alone, the selection as only:
+    settings = {**USER_GRID, "data": {**USER_GRID["data"], "dataset": _USER_DATA["class_path"]}, "only": SELECTION}
+    run_bench(settings, tmp_path / "python", print_=lambda _: None)
+    assert _table(tmp_path / "python") == _table(tmp_path / "command")
+
+
+def test_a_dataset_class_path_that_does_not_import_names_the_key() -> None:
+    from lightning_fl.bench.experiment import data_options
+
+    with pytest.raises(ValueError, match=r"data.dataset='tests.user_project.NoSuchData' is no known dataset or folder"):
+        data_options({"dataset": "tests.user_project.NoSuchData"})
