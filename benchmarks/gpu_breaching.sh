@@ -33,7 +33,6 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 WANDB_MODE=offline PYTHONPATH="$PWD:
 } > "$out/machine.txt" 2>&1
 run=(benchmarks/breaching_parity.py --part ig --backbone resnet18 --device "$DEVICE"
   --image-size "$IMAGE_SIZE" --train-epochs "$TRAIN_EPOCHS" --sides breaching "ours matched")
-started=$SECONDS
 timeout "$PART_S" $PYTHON "${run[@]}" --images "$IMAGES" --iterations "$ITERATIONS" \
   > "$out/ig_fedsgd.jsonl" 2> "$out/ig_fedsgd.err" &
 timeout "$PART_S" $PYTHON "${run[@]}" --images "$FEDAVG_IMAGES" --iterations "$FEDAVG_ITERATIONS" --local-steps 4 \
@@ -41,6 +40,6 @@ timeout "$PART_S" $PYTHON "${run[@]}" --images "$FEDAVG_IMAGES" --iterations "$F
 fedavg=$?
 wait %1
 fedsgd=$?
-echo "fedsgd rc $fedsgd, fedavg rc $fedavg, ${SECONDS}s after start-up $started s" >> "$out/machine.txt"
+echo "fedsgd rc $fedsgd, fedavg rc $fedavg, ${SECONDS}s in all" >> "$out/machine.txt"
 cat "$out"/ig_fed*.jsonl "$out/machine.txt"
 [ "$fedsgd" = 0 ] && [ "$fedavg" = 0 ]
