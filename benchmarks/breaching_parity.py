@@ -297,7 +297,9 @@ def objective_terms(
     terms = {}
     for name, candidate in candidates.items():
         data, _ = attacker.objective(models[0], shared[0]["gradients"], candidate, labels)  # the BN hooks fire here
-        terms[name] = {"data": float(data)} | {type(r).__name__: float(r(candidate)) for r in attacker.regularizers}
+        terms[name] = {"data": float(data.detach())} | {
+            type(r).__name__: float(r(candidate)) for r in attacker.regularizers
+        }
     return terms, labels
 
 
@@ -462,6 +464,20 @@ def gm_runs(part: str, model: torch.nn.Module, view: ServerView, labels: torch.T
     return runs
 
 
+def reference_terms(model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int) -> dict:
+    """breaching's shipped Inverting Gradients objective (:func:`objective_terms`, training mode) at the true image,
+    a uniform grey one and the boxed random start of ``seed``, with each one's PSNR: where the optimum sits."""
+    start = torch.randn(truth.shape, generator=torch.Generator().manual_seed(seed)).clamp(0, 1)
+    candidates = {"true image": truth, "grey 0.5": torch.full_like(truth, 0.5), "random start": start}
+    config = attack_config(GRADIENT_MATCHING["ig"], 1)
+    terms, _ = objective_terms(model, view, config, candidates, buffers=False)
+    return {
+        name: {key: round(value, 4) for key, value in terms[name].items()}
+        | {"psnr": round(float(psnr(candidate, truth).mean()), 2)}
+        for name, candidate in candidates.items()
+    }
+
+
 def gradient_matching_part(args: argparse.Namespace) -> None:
     steps = args.local_steps
     images, labels, k = tiles(args.images * steps, args.image_size)
@@ -481,6 +497,8 @@ def gradient_matching_part(args: argparse.Namespace) -> None:
             ),
             args.device,
         )
+        if args.part == "ig" and steps == 1 and args.device == "cpu":
+            print(json.dumps({"part": "ig", "image": seed, "shipped terms": reference_terms(model, view, truth, seed)}))
         for side, (recon, got, seconds) in gm_runs(args.part, model, view, truth_labels, args, seed).items():
             rows, cols = match_reconstructions(recon, truth)
             # breaching's label rule on an update returns every class of negative bias (its objective takes the
