@@ -6,8 +6,8 @@
 #   make reproduce    the command of every table quoted in docs/, one after another (many hours on 2 cores);
 #                     each target's output goes to runs/reproduce/<target>.txt (see "Which command regenerates
 #                     which table" in docs/reproduction.md); the reproduce-* targets run one section each
-#   make reproduce-gpu  the GPU rows (Inverting Gradients on ResNet-18, GRNN batches, the GPU checks); needs a CUDA
-#                     GPU, not part of `make reproduce`
+#   make reproduce-gpu  the GPU rows (Inverting Gradients on ResNet-18, GRNN batches, the GPU checks; with
+#                     BREACHING_PATH=DIR also breaching's ResNet-18 rows); needs a CUDA GPU, not part of `make reproduce`
 #   make reproduce-breaching BREACHING_PATH=DIR:DEPS  the parity rows against breaching 0.1.2, installed outside the
 #                     project (see benchmarks/breaching_parity.py); not part of `make reproduce`
 # tests/test_reproduce_list.py checks that every script and config a doc quotes is run by a reproduce-* target.
@@ -106,7 +106,11 @@ reproduce-gpu: $(VENV)/.installed | $(OUT)
 	  $(RUN) $(BIN)/python benchmarks/gpu_check.py --device cuda --out $(OUT)/gpu_check && \
 	  $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_vectorise.sh $(OUT)/gpu_vectorise && \
 	  $(BIN)/lightning-fl bench --config configs/bench_photos_resnet.yaml --quick && \
-	  $(RUN) $(BIN)/python benchmarks/dp_user_model.py --device cuda; } $(LOG)
+	  $(RUN) $(BIN)/python benchmarks/dp_user_model.py --device cuda && \
+	  { test -n "$(BREACHING_PATH)" || echo "gpu_breaching.sh skipped: give BREACHING_PATH=DIR (breaching 0.1.2)"; } && \
+	  { test -z "$(BREACHING_PATH)" || \
+	    PYTHON=$(BIN)/python BREACHING_PATH=$(BREACHING_PATH) bash benchmarks/gpu_breaching.sh $(OUT)/gpu_breaching; }; \
+	} $(LOG)
 
 reproduce-breaching:
 	@test -n "$(BREACHING_PATH)" || { echo "give BREACHING_PATH=DIR:DEPS (breaching 0.1.2 and hydra-core)"; exit 2; }
@@ -114,6 +118,10 @@ reproduce-breaching:
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part analytic && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part stg \
 	    --batch-sizes 1 4 8 --seeds 3 --iterations 2000 && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part dlg \
+	    --images 2 --iterations 100 --image-size 32 --sides breaching "ours matched" && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part ig \
+	    --images 2 --iterations 2000 --image-size 32 --sides breaching "ours matched" && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/robbing_the_fed_parity.py; } $(LOG)
 
 reproduce-grnn:

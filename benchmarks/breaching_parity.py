@@ -14,7 +14,17 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
   whose running statistics are another client's photos, held-out ``photos`` test images: breaching with its shipped
   config and with ``objective.scale=2`` (its data term then our plain distance), ours matched to each
   (:func:`matched_options`), and ours with its defaults; PSNR, SSIM, label accuracy, share of images at
-  ``--success-psnr`` dB or more, process CPU seconds per batch.
+  ``--success-psnr`` dB or more, process CPU seconds per batch;
+- ``dlg`` and ``ig``: breaching's shipped ``deepleakage`` and ``invertinggradients`` attackers and our ``DLGAttack``
+  and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults) on one gradient of one
+  32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs), the same
+  ``--backbone`` weights on both sides (our module is breaching's model), the same random start where the shapes
+  allow (breaching's ``torch.randn`` under ``torch.manual_seed(seed)`` draws what our seeded generator draws). The
+  server sends no buffers, so breaching's user and ours compute the gradient in training mode (BatchNorm with the
+  batch's statistics), and both attackers run the model in training mode. ``--local-steps T`` attacks a FedAvg
+  update of T SGD steps of one image each (breaching's ``UserMultiStep``, its local hyperparameters shared; ours
+  through ``client_view(local_steps=T)``); ``--train-epochs`` trains the victim first; ``--device cuda`` runs both
+  sides there (``benchmarks/gpu_breaching.sh``). PSNR and SSIM per image and their mean, seconds per image.
 
 Run: ``OMP_NUM_THREADS=1 /tmp/breach/bin/python benchmarks/breaching_parity.py --part labels``.
 """
@@ -31,13 +41,20 @@ from statistics import mean
 
 import breaching
 import torch
+from _timing import clock
 from analytic_attack import held_out
 from hydra import compose, initialize_config_module
 from label_recovery import pool, victim
 from omegaconf import DictConfig, OmegaConf, open_dict
 from see_through_gradients import held_out_batch
 
-from lightning_fl.attacks import AnalyticLinearAttack, SeeThroughGradientsAttack
+from lightning_fl.attacks import (
+    AnalyticLinearAttack,
+    DLGAttack,
+    GradientAttack,
+    InvertingGradientsAttack,
+    SeeThroughGradientsAttack,
+)
 from lightning_fl.attacks.label_counts import dummy_statistics
 from lightning_fl.attacks.labels import infer_labels, last_layer_bias_name, last_layer_weight_name
 from lightning_fl.attacks.metrics import (
@@ -47,14 +64,22 @@ from lightning_fl.attacks.metrics import (
     psnr,
     ssim,
 )
-from lightning_fl.attacks.standalone import client_view
+from lightning_fl.attacks.standalone import client_view, view_on
 from lightning_fl.datamodules import FederatedDataModule
+from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
-from lightning_fl.models import MLP
+from lightning_fl.models import MLP, build_backbone
 
 THEIRS = ("iDLG", "analytic", "yin", "wainakh-simple", "wainakh-whitebox", "bias-corrected")
 OURS = ("idlg", "yin", "llg", "weight_count", "bias_count")
 CPU = dict(dtype=torch.float, device=torch.device("cpu"))
+SIDES = ("breaching", "ours matched", "ours default")
+"""The attacks of the ``dlg`` and ``ig`` parts (:func:`our_attacks`)."""
+GRADIENT_MATCHING = {"dlg": "deepleakage", "ig": "invertinggradients"}
+"""Our part name -> breaching's attack config."""
+LBFGS_EVALUATIONS = 20
+"""Objective evaluations in one ``step()`` of ``torch.optim.LBFGS`` (its ``max_iter``), breaching's DLG optimiser: its
+``max_iterations`` counts steps, ours counts evaluations."""
 
 
 def breaching_attacker(model: torch.nn.Module, *, label_strategy: str, kind: str = "analytic"):
@@ -71,16 +96,26 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, targets.long())
 
 
-def payloads(model: torch.nn.Module, view, size: int, *, buffers: bool = False) -> tuple[list, list]:
+def payloads(
+    model: torch.nn.Module, view, size: int, *, buffers: bool = False, labels: torch.Tensor | None = None
+) -> tuple[list, list]:
     """breaching's (server_payload, shared_data) for the gradient in ``view``; ``buffers``: the server sends the
-    model's public buffers (BN running statistics; breaching's user then computes its gradient in eval mode)."""
+    model's public buffers (BN running statistics; breaching's user then computes its gradient in eval mode). An
+    update of several local steps (``view.kind == "update"``) comes with the user's local hyperparameters, as
+    breaching's ``UserMultiStep`` shares them: step size, steps, images per step and ``labels`` of each step."""
     shape = tuple(view.metadata["input_shape"])
-    metadata = OmegaConf.create({"shape": list(shape), "modality": "vision", "mean": [0.0], "std": [1.0]})
+    metadata = {"shape": list(shape), "modality": "vision", "mean": [0.0], "std": [1.0], "task": "classification"}
+    metadata = OmegaConf.create(metadata | {"classes": view.metadata["num_classes"]})
     public = [b.detach() for b in model.buffers()] if buffers else None
     server = [{"parameters": [p.detach() for p in model.parameters()], "buffers": public, "metadata": metadata}]
     names = [n for n, _ in model.named_parameters()]
     shared = {"gradients": [view.tensors[n] for n in names], "buffers": None}
-    shared["metadata"] = {"num_data_points": size, "labels": None, "local_hyperparams": None}
+    local = None
+    if view.kind == "update":
+        steps, per_step = view.metadata["local_steps"], view.metadata["batch_size"]
+        local = {"lr": view.metadata["lr"], "steps": steps, "data_per_step": per_step}
+        local["labels"] = [chunk.sort()[0] for chunk in labels.split(per_step)]
+    shared["metadata"] = {"num_data_points": size, "labels": None, "local_hyperparams": local}
     return server, [shared]
 
 
@@ -153,13 +188,19 @@ def analytic_part(args: argparse.Namespace) -> None:
                 print(json.dumps(row | {"mean_psnr": round(float(per_image.mean()), 1)}), flush=True)
 
 
-def stg_config(iterations: int) -> DictConfig:
-    """breaching's shipped ``attack=seethroughgradients`` config (composed with its defaults), cut to ``iterations``
-    Adam steps (its cosine decay and warm-up then span that budget)."""
+def attack_config(kind: str, iterations: int) -> DictConfig:
+    """breaching's shipped ``attack=kind`` config (composed with its defaults), cut to ``iterations`` optimiser steps
+    (its step-size schedule then spans that budget)."""
     with initialize_config_module("breaching.config", version_base=None):
-        config = compose("cfg", overrides=["attack=seethroughgradients"]).attack
+        config = compose("cfg", overrides=[f"attack={kind}"]).attack
     config.optim.max_iterations = config.optim.callback = iterations
     return config
+
+
+def stg_config(iterations: int) -> DictConfig:
+    """breaching's shipped ``attack=seethroughgradients`` config cut to ``iterations`` Adam steps (its cosine decay and
+    warm-up then span that budget)."""
+    return attack_config("seethroughgradients", iterations)
 
 
 def matched_options(config: DictConfig, *, batch_numel: int) -> dict:
@@ -241,11 +282,14 @@ def eval_view(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
     return dataclasses.replace(view, model=view.model.eval(), tensors=tensors)
 
 
-def objective_terms(model: torch.nn.Module, view: ServerView, config: DictConfig, candidates: dict) -> tuple:
+def objective_terms(
+    model: torch.nn.Module, view: ServerView, config: DictConfig, candidates: dict, *, buffers: bool = True
+) -> tuple:
     """breaching's objective under ``config`` split into its terms (its units: data term and each regulariser with
-    their scales), at each of ``candidates`` (name -> a batch), and the labels its label rule recovered."""
+    their scales), at each of ``candidates`` (name -> a batch), and the labels its label rule recovered;
+    ``buffers``: the server sends the BN buffers (eval mode) or not (training mode), see :func:`payloads`."""
     attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, CPU)
-    server, shared = payloads(model, view, view.metadata["batch_size"], buffers=True)
+    server, shared = payloads(model, view, view.metadata["batch_size"], buffers=buffers)
     models, labels, _ = attacker.prepare_attack(server, shared)
     for regulariser in attacker.regularizers:
         regulariser.initialize(models, shared, labels)
@@ -253,7 +297,9 @@ def objective_terms(model: torch.nn.Module, view: ServerView, config: DictConfig
     terms = {}
     for name, candidate in candidates.items():
         data, _ = attacker.objective(models[0], shared[0]["gradients"], candidate, labels)  # the BN hooks fire here
-        terms[name] = {"data": float(data)} | {type(r).__name__: float(r(candidate)) for r in attacker.regularizers}
+        terms[name] = {"data": float(data.detach())} | {
+            type(r).__name__: float(r(candidate)) for r in attacker.regularizers
+        }
     return terms, labels
 
 
@@ -330,14 +376,180 @@ def stg_part(args: argparse.Namespace) -> None:
             print(json.dumps(row | {"cpu_s": round(mean(e[3] for e in entries), 1)}), flush=True)
 
 
+def tiles(count: int, image_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The first held-out ``photo_tiles`` tile of each of the first ``count`` photographs: images, labels, classes."""
+    data = load_dataset("photo_tiles", train=False, image_size=image_size)
+    if not 1 <= count <= data.num_classes:
+        raise ValueError(
+            f"--images {count}: photo_tiles has {data.num_classes} photographs; use 1..{data.num_classes}."
+        )
+    images, labels = data.tensors()
+    first = [int((labels == k).nonzero()[0]) for k in range(count)]
+    return images[first], labels[first], data.num_classes
+
+
+def gm_victim(args: argparse.Namespace, num_classes: int) -> torch.nn.Module:
+    """The attacked ``--backbone`` (seed 0 weights), trained ``--train-epochs`` on the ``photo_tiles`` training split
+    with SGD (0.05, momentum 0.9, batches of 32) when asked, on ``--device``."""
+    torch.manual_seed(0)
+    model = build_backbone(args.backbone, in_channels=3, num_classes=num_classes, image_size=args.image_size)
+    model = model.to(args.device).train()
+    if args.train_epochs:
+        images, labels = load_dataset("photo_tiles", train=True, image_size=args.image_size).tensors()
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(args.train_epochs):
+            for index in torch.randperm(len(images)).split(32):
+                loss = torch.nn.functional.cross_entropy(
+                    model(images[index].to(args.device)), labels[index].to(args.device)
+                )
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+    return model
+
+
+def our_attacks(part: str, config: DictConfig, *, iterations: int, seed: int) -> dict[str, GradientAttack]:
+    """Our attack of ``part`` matched to breaching's ``config`` (same optimiser, step size, objective weights, one
+    random start from the same draw, no early stop) and with our defaults, both at ``iterations`` (breaching's unit:
+    Adam steps for ``ig``; L-BFGS ``step()`` calls for ``dlg``, ``LBFGS_EVALUATIONS`` objective evaluations each,
+    ours counting evaluations)."""
+    common = {"progress_bar": False, "seed": seed}
+    if part == "ig":
+        matched = InvertingGradientsAttack(
+            max_iterations=iterations,
+            lr=config.optim.step_size,
+            restarts=config.restarts.num_trials,
+            tv_weight=config.regularization.total_variation.scale,
+            **common,
+        )
+        return {"ours matched": matched, "ours default": InvertingGradientsAttack(max_iterations=iterations, **common)}
+    evaluations = iterations * LBFGS_EVALUATIONS
+    matched = DLGAttack(
+        max_iterations=evaluations,
+        lr=config.optim.step_size,
+        restarts=config.restarts.num_trials,
+        init=config.init,
+        labels="optimise",
+        stop_below=None,
+        keep_best_after=None,
+        recover_stalled=False,
+        tv_weight=0.0,
+        **common,
+    )
+    return {"ours matched": matched, "ours default": DLGAttack(max_iterations=evaluations, **common)}
+
+
+def gm_runs(part: str, model: torch.nn.Module, view: ServerView, labels: torch.Tensor, args, seed: int) -> dict:
+    """(images, labels, seconds) of breaching's shipped attacker of ``part`` and of :func:`our_attacks` on ``view``."""
+    config = attack_config(GRADIENT_MATCHING[part], args.iterations)
+    runs = {}
+    attacks = our_attacks(part, config, iterations=args.iterations, seed=seed)
+    for side, attack in ((side, attack) for side, attack in attacks.items() if side in args.sides):
+        start = clock(args.device)
+        result = attack.reconstruct(view)
+        runs[side] = (result.images, result.labels, clock(args.device) - start)
+    if "breaching" not in args.sides:
+        return runs
+    setup = dict(dtype=torch.float, device=torch.device(args.device))
+    attacker = breaching.attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), config, setup)
+    server, shared = payloads(model, view, len(labels), labels=labels.to(args.device))
+    torch.manual_seed(seed)  # breaching's random start (and DLG's label logits after it)
+    start = clock(args.device)
+    found, _ = attacker.reconstruct(server, shared, {})
+    runs["breaching"] = (
+        found["data"].detach().cpu().clamp(0, 1),
+        found["labels"].cpu().long(),
+        clock(args.device) - start,
+    )
+    return runs
+
+
+def reference_terms(model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int) -> dict:
+    """breaching's shipped Inverting Gradients objective (:func:`objective_terms`, training mode) at the true image,
+    a uniform grey one and the boxed random start of ``seed``, with each one's PSNR: where the optimum sits."""
+    start = torch.randn(truth.shape, generator=torch.Generator().manual_seed(seed)).clamp(0, 1)
+    candidates = {"true image": truth, "grey 0.5": torch.full_like(truth, 0.5), "random start": start}
+    config = attack_config(GRADIENT_MATCHING["ig"], 1)
+    terms, _ = objective_terms(model, view, config, candidates, buffers=False)
+    return {
+        name: {key: round(value, 4) for key, value in terms[name].items()}
+        | {"psnr": round(float(psnr(candidate, truth).mean()), 2)}
+        for name, candidate in candidates.items()
+    }
+
+
+def gradient_matching_part(args: argparse.Namespace) -> None:
+    steps = args.local_steps
+    images, labels, k = tiles(args.images * steps, args.image_size)
+    model = gm_victim(args, k)
+    scores: dict[str, list[tuple[float, float, float | None, float]]] = {}
+    for seed in range(args.images):
+        chosen = torch.arange(seed * steps, (seed + 1) * steps)  # one tile a gradient, or a step of an update
+        truth, truth_labels = images[chosen], labels[chosen]
+        view = view_on(
+            client_view(
+                model,
+                truth.to(args.device),
+                truth_labels.to(args.device),
+                num_classes=k,
+                local_steps=steps,
+                lr=args.local_lr,
+            ),
+            args.device,
+        )
+        if args.part == "ig" and steps == 1 and args.device == "cpu":
+            print(json.dumps({"part": "ig", "image": seed, "shipped terms": reference_terms(model, view, truth, seed)}))
+        for side, (recon, got, seconds) in gm_runs(args.part, model, view, truth_labels, args, seed).items():
+            rows, cols = match_reconstructions(recon, truth)
+            # breaching's label rule on an update returns every class of negative bias (its objective takes the
+            # per-step labels the user shares instead): no accuracy when the count is off
+            accuracy = None
+            if got.shape == truth_labels.shape:
+                accuracy = float(label_recovery_accuracy(got, truth_labels, num_classes=k))
+            entry = (float(psnr(recon[rows], truth[cols]).mean()), float(ssim(recon[rows], truth[cols]).mean()))
+            scores.setdefault(side, []).append((*entry, accuracy, seconds))
+            row = {
+                "part": args.part,
+                "image": seed,
+                "side": side,
+                "psnr": round(entry[0], 2),
+                "ssim": round(entry[1], 3),
+            }
+            print(json.dumps(row | {"label_accuracy": accuracy, "seconds": round(seconds, 1)}), flush=True)
+    for side, entries in scores.items():
+        row = {"part": args.part, "backbone": args.backbone, "train_epochs": args.train_epochs, "local_steps": steps}
+        row |= {"iterations": args.iterations, "images": args.images, "side": side, "device": args.device}
+        row |= {"psnr": round(mean(e[0] for e in entries), 2), "ssim": round(mean(e[1] for e in entries), 3)}
+        row |= {
+            "per_image_psnr": [round(e[0], 2) for e in entries],
+            "per_image_ssim": [round(e[1], 3) for e in entries],
+        }
+        known = [e[2] for e in entries if e[2] is not None]
+        row |= {"label_accuracy": round(mean(known), 3) if known else None}
+        print(json.dumps(row | {"seconds": round(mean(e[3] for e in entries), 1)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=sorted(PARTS), required=True)
     parser.add_argument("--data", nargs="+", default=["digits", "photos"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8, 32, 64])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--iterations", type=int, default=300, help="stg: Adam steps of every attack")
-    parser.add_argument("--image-size", type=int, default=16, help="stg: side of the photos")
+    parser.add_argument(
+        "--iterations", type=int, default=300, help="stg, ig: Adam steps of every attack; dlg: breaching's L-BFGS steps"
+    )
+    parser.add_argument("--image-size", type=int, default=16, help="stg, dlg, ig: side of the images")
+    parser.add_argument(
+        "--images", type=int, default=8, help="dlg, ig: gradients (updates) attacked, of one tile a step"
+    )
+    parser.add_argument("--backbone", default="convnet_small", help="dlg, ig: the attacked model (models registry)")
+    parser.add_argument("--train-epochs", type=int, default=0, help="dlg, ig: epochs on photo_tiles before the attack")
+    parser.add_argument("--local-steps", type=int, default=1, help="dlg, ig: FedAvg SGD steps of one image each")
+    parser.add_argument(
+        "--local-lr", type=float, default=1e-3, help="dlg, ig: the client SGD step size (breaching: 1e-3)"
+    )
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES, help="dlg, ig: the attacks run")
+    parser.add_argument("--device", default="cpu", help="dlg, ig: where both sides run (cuda: wall seconds)")
     parser.add_argument("--success-psnr", type=float, default=20.0, help="stg: PSNR (dB) of a recovered image")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -345,7 +557,13 @@ def main() -> None:
     PARTS[args.part](args)
 
 
-PARTS = {"labels": labels_part, "analytic": analytic_part, "stg": stg_part}
+PARTS = {
+    "labels": labels_part,
+    "analytic": analytic_part,
+    "stg": stg_part,
+    "dlg": gradient_matching_part,
+    "ig": gradient_matching_part,
+}
 
 if __name__ == "__main__":
     main()
