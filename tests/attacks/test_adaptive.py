@@ -64,14 +64,16 @@ def test_noise_aware_objective_recovers_more_than_inverting_gradients_under_nois
     assert adaptive[0] > plain[0] + 3 and adaptive[1] > plain[1] + 0.1, (plain, adaptive)
 
 
-def _private_view(defence: object, *, train_steps: int = 0) -> tuple[ServerView, GroundTruth]:
+def _private_view(
+    defence: object, *, train_steps: int = 0, image_seed: int = 0, key_seed: int = 7
+) -> tuple[ServerView, GroundTruth]:
     """One digit's gradient from a client whose private state the server's model does not hold: its own secrets
     (drawn by ``reset_private``) and, after ``train_steps`` SGD steps, its own trained private layers."""
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
     torch.manual_seed(0)
     server = apply_defences(make_classifier(dm), [defence])
     client = copy.deepcopy(server)
-    reset_private_state(client, generator=torch.Generator().manual_seed(7))
+    reset_private_state(client, generator=torch.Generator().manual_seed(key_seed))
     if train_steps:
         images, labels = dm.sample_batch(0, 64, seed=5)
         optimizer = torch.optim.SGD(client.parameters(), lr=0.1)
@@ -80,7 +82,7 @@ def _private_view(defence: object, *, train_steps: int = 0) -> tuple[ServerView,
             F.cross_entropy(client(images), labels).backward()
             optimizer.step()
         load_state_into(server, dict(public_state(client)))
-    images, labels = dm.sample_batch(0, 1, seed=0)
+    images, labels = dm.sample_batch(0, 1, seed=image_seed)
     view = client_view(client, images, labels, num_classes=dm.num_classes)
     return dataclasses.replace(view, model=copy.deepcopy(server).train()), GroundTruth(images, labels)
 
@@ -104,6 +106,26 @@ def test_private_unknowns_recover_more_than_inverting_gradients_with_the_servers
     )
     adaptive = _scores(attack, view, truth)
     assert adaptive[0] > plain[0] + psnr_gain and adaptive[1] > plain[1] + ssim_gain, (plain, adaptive)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("defence", "step"), [(KeyLocks(key_length=1024), 0.3), (Passports(num_convs=1, passport_size=16), 0.1)]
+)
+def test_secrets_hold_on_another_digit_although_the_joint_fit_matches_the_gradient_better(
+    defence: object, step: float
+) -> None:
+    """The finding is mixed (docs/attacks.md): on this digit and key the joint fit of the secrets halves the
+    gradient distance but the image stays unrecognisable, as with the server's own secrets."""
+    view, truth = _private_view(defence, image_seed=1, key_seed=3)
+    plain = _ig(400).reconstruct(view)
+    attack = PrivateUnknownsAttack(
+        private="secrets", private_step=step, max_iterations=400, restarts=1, progress_bar=False
+    )
+    adaptive = attack.reconstruct(view)
+    gaps = plain.info["relative_gap"], adaptive.info["relative_gap"]
+    ssims = [score_reconstruction(r, truth)["ssim"] for r in (plain, adaptive)]
+    assert gaps[1] < 0.75 * gaps[0] and max(ssims) < 0.5, (gaps, ssims)
 
 
 def test_private_unknowns_leave_the_views_model_unchanged() -> None:
