@@ -215,10 +215,11 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
     its own initialisation of the private modules, drawn from the distribution the client's secrets come from (the
     attacker's own random keys): the unknowns start there, and the image and unknown steps share one Adam.
 
-    The unknowns are the floating-point buffers of the private modules (:func:`~lightning_fl.private.private_modules`),
-    with ``private="secrets"``: what each client draws for itself (FedKL's key, FDL-PP's passports), the only private
-    values that differ from the server's copy before a client trains; with ``private="all"`` their parameters too
-    (lock layers, passport kernels and autoencoders after local training, the split's private layers). Each is one
+    The unknowns are, with ``private="secrets"``, the floating-point buffers that the private modules
+    (:func:`~lightning_fl.private.private_modules`) draw for each client in ``reset_private`` (FedKL's key, FDL-PP's
+    passports), the only private values that differ from the server's copy before a client trains; with
+    ``private="all"`` every private parameter and buffer (lock layers, passport kernels and autoencoders after local
+    training, the split's private layers). Each is one
     estimate shared by all restarts, optimised in units of ``private_step`` times its mean magnitude
     (:class:`ScaledShift`). Through the split the server matches only the public layers' gradient, which fixes the
     features at the cut; an image follows from them only through the unknown private layers. Inferred: unknowns are
@@ -283,9 +284,9 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
             ValueError: when ``model`` has no such private tensor (the defence hides nothing to optimise).
         """
         found = [
-            (f"{prefix}.{name}" if prefix else name, tensor)
+            (".".join(part for part in (prefix, name) if part), tensor)
             for prefix, module in private_modules(model)
-            for name, tensor in [*module.named_buffers(), *(module.named_parameters() if self.private == "all" else [])]
+            for name, tensor in self._private_tensors(module)
             if tensor.is_floating_point()
         ]
         if not found:
@@ -302,3 +303,15 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
             prefix = f"{owner_name}." if owner_name else ""
             unknown[f"{prefix}parametrizations.{attribute}.original"] = torch.zeros_like(tensor).requires_grad_()
         return unknown
+
+    def _private_tensors(self, module: nn.Module) -> list[tuple[str, Tensor]]:
+        """``secrets``: the buffers of the submodules that draw a client's own values (``reset_private``); ``all``:
+        every parameter and buffer."""
+        if self.private == "all":
+            return [*module.named_parameters(), *module.named_buffers()]
+        return [
+            (".".join(part for part in (name, buffer) if part), tensor)
+            for name, sub in module.named_modules()
+            if callable(getattr(sub, "reset_private", None))
+            for buffer, tensor in sub.named_buffers(recurse=False)
+        ]
