@@ -21,13 +21,14 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from lightning_fl.attacks.distances import euclidean_distance
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName, MatchingTarget
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.labels import LabelStrategy
@@ -43,13 +44,30 @@ __all__ = [
     "PrivateUnknownsAttack",
     "ScaledShift",
     "kept_coordinates",
+    "l1_distance",
 ]
 
 NoiseName = Literal["gaussian", "laplace"]
 PrivateUnknowns = Literal["secrets", "all"]
 """Which private tensors :class:`PrivateUnknownsAttack` optimises: the ``secrets`` (the buffers a private module
 draws for each client: keys, passports) or ``all`` (their parameters too: lock layers, private kernels)."""
-NOISES: dict[str, str] = {"gaussian": "euclidean", "laplace": "l1"}
+
+
+def l1_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
+    r"""The L1 gradient distance :math:`\sum_l \|\nabla W'_l - \nabla W_l\|_1`.
+
+    The negative log-likelihood (up to the scale :math:`b` and a constant) of a gradient observed under i.i.d.
+    Laplace noise :math:`\mathrm{Lap}(0, b)`: the Bayes-optimal data term of Balunović et al. (ICLR 2022, Sec. 4)
+    for Laplacian noise.
+
+    Example:
+        >>> l1_distance(candidate=[torch.tensor([1.0, -2.0])], target=[torch.zeros(2)])
+        tensor(3.)
+    """
+    return sum((c - t).abs().sum() for c, t in zip(candidate, target, strict=True))
+
+
+NOISES: dict[str, Callable[..., Tensor]] = {"gaussian": euclidean_distance, "laplace": l1_distance}
 """The Bayes-optimal gradient distance under each noise (Balunović et al., Sec. 4): squared L2 and L1."""
 
 
@@ -130,8 +148,8 @@ class NoiseAwareAttack(GradientMatchingAttack):
 
     Example:
         >>> attack = NoiseAwareAttack(noise="gaussian", noise_scale=0.01, prior_weight=10.0)
-        >>> attack.distance, attack.tv_weight
-        ('euclidean', 0.002)
+        >>> attack.gradient_distance().__name__, attack.tv_weight
+        ('euclidean_distance', 0.002)
     """
 
     name = "noise_aware"
@@ -161,7 +179,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
         self.noise, self.noise_scale, self.prior_weight = noise, noise_scale, prior_weight
         scale = 2 * noise_scale**2 if noise == "gaussian" else noise_scale
         super().__init__(
-            distance=NOISES[noise],
+            distance="euclidean",
             optimizer="adam",
             lr=lr,
             max_iterations=max_iterations,
@@ -176,6 +194,16 @@ class NoiseAwareAttack(GradientMatchingAttack):
             layers=layers,
             progress_bar=progress_bar,
             seed=seed,
+        )
+
+    def gradient_distance(self) -> Callable[..., Tensor]:
+        """The noise's Bayes-optimal data term (:data:`NOISES`)."""
+        return NOISES[self.noise]
+
+    def __repr__(self) -> str:
+        return (
+            f"NoiseAwareAttack(noise={self.noise!r}, noise_scale={self.noise_scale}, prior_weight={self.prior_weight}, "
+            f"max_iterations={self.max_iterations}, restarts={self.restarts})"
         )
 
 

@@ -1,5 +1,4 @@
-"""Gradient distances of the gradient-matching attacks: DLG's squared Euclidean, Inverting Gradients' cosine, and the
-L1 distance of the Laplace-noise-aware attack."""
+"""Gradient distances of the gradient-matching attacks: DLG's squared Euclidean and Inverting Gradients' cosine."""
 
 from __future__ import annotations
 
@@ -8,9 +7,9 @@ from typing import Literal
 
 from torch import Tensor
 
-__all__ = ["DISTANCES", "DistanceName", "cosine_distance", "euclidean_distance", "l1_distance"]
+__all__ = ["DISTANCES", "DistanceName", "cosine_distance", "euclidean_distance"]
 
-DistanceName = Literal["euclidean", "cosine", "l1"]
+DistanceName = Literal["euclidean", "cosine"]
 
 
 def euclidean_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
@@ -42,23 +41,4 @@ def cosine_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) ->
     return 1 - dot / (norm_c * norm_t).clamp_min(1e-12)
 
 
-def l1_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
-    r"""The L1 gradient distance :math:`\sum_l \|\nabla W'_l - \nabla W_l\|_1`.
-
-    The negative log-likelihood (up to the scale :math:`b` and a constant) of a gradient observed under i.i.d.
-    Laplace noise :math:`\mathrm{Lap}(0, b)`: the Bayes-optimal data term of Balunović et al. (ICLR 2022, Sec. 4)
-    for Laplacian noise.
-
-    Example:
-        >>> import torch
-        >>> l1_distance(candidate=[torch.tensor([1.0, -2.0])], target=[torch.zeros(2)])
-        tensor(3.)
-    """
-    return sum((c - t).abs().sum() for c, t in zip(candidate, target, strict=True))
-
-
-DISTANCES: dict[str, Callable[..., Tensor]] = {
-    "euclidean": euclidean_distance,
-    "cosine": cosine_distance,
-    "l1": l1_distance,
-}
+DISTANCES: dict[str, Callable[..., Tensor]] = {"euclidean": euclidean_distance, "cosine": cosine_distance}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Literal
 
@@ -259,7 +259,7 @@ class GradientMatchingAttack(GradientAttack):
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
         variables += list(unknown.values())
-        distance = DISTANCES[self.distance]
+        distance = self.gradient_distance()
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
 
@@ -293,6 +293,11 @@ class GradientMatchingAttack(GradientAttack):
             settings.stop_below,
             settings.max_iterations,
         )
+
+    def gradient_distance(self) -> Callable[..., Tensor]:
+        """The data term ``(candidate=..., target=...) -> distance``: :data:`DISTANCES` of ``distance`` (an adaptive
+        attack may model the defence's noise with another)."""
+        return DISTANCES[self.distance]
 
     def target(self, view: ServerView) -> MatchingTarget:
         """What :meth:`problem` matches: the view's tensors over ``layers`` (an adaptive attack narrows it)."""

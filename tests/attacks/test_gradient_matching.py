@@ -75,7 +75,7 @@ def test_matching_target_rejects_layer_patterns_that_match_nothing() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"distance": "l2"}, r"distance='l2'\) is unknown"),
+        ({"distance": "l1"}, r"distance='l1'\) is unknown"),
         ({"optimizer": "sgd"}, r"optimizer='sgd'\) is unknown"),
         ({"label_strategy": "dlg"}, r"label_strategy='dlg'\) is unknown"),
         ({"restarts": 0}, r"restarts=0\) must be > 0"),
