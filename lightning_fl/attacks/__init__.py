@@ -1,5 +1,6 @@
 """Gradient-leakage and model-inversion attacks; each runs standalone: ``attack.reconstruct(view)``."""
 
+from lightning_fl.attacks.adaptive import KnownMaskAttack, NoiseAwareAttack, PrivateUnknownsAttack
 from lightning_fl.attacks.analytic import AnalyticLinearAttack
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.dlg import DLGAttack
@@ -28,9 +29,12 @@ __all__ = [
     "ImprintBlock",
     "InvertingGradientsAttack",
     "IterationCallback",
+    "KnownMaskAttack",
     "LabelImpact",
     "MIFace",
     "MaliciousImprint",
+    "NoiseAwareAttack",
+    "PrivateUnknownsAttack",
     "Reconstruction",
     "RobbingTheFedAttack",
     "SeeThroughGradientsAttack",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Literal
 
@@ -253,17 +253,21 @@ class GradientMatchingAttack(GradientAttack):
     def problem(self, view: ServerView) -> MatchingProblem:
         """Set up the optimisation for ``view``: starting variables on the attacked model's device, and the
         objective of all restarts (what :meth:`iterate` evaluates and differentiates once per iteration)."""
-        target = matching_target(view, layers=self.layers)
+        target = self.target(view)
         num_classes = int(view.metadata.get("num_classes") or 0)
         if num_classes < 1:
             raise ValueError("the view has no metadata['num_classes']; an attack needs it.")
         model = copy.deepcopy(view.model)
         if model.training:  # batch statistics without running-stat writes (vmap-safe); eval mode uses the running ones
             replace_all_batch_norm_modules_(model)
+        unknown = self.unknowns(model)
+        if unknown and self.optimizer != "adam":  # L-BFGS keeps one state per restart; unknowns are shared
+            raise ValueError(f"{type(self).__name__}(optimizer={self.optimizer!r}) with unknowns needs 'adam'.")
         names = set(target.names)
         params = {n: p.detach() for n, p in model.named_parameters() if n in names}
         frozen = {n: p.detach() for n, p in model.named_parameters() if n not in names}
         frozen |= {n: b.detach() for n, b in model.named_buffers()}
+        frozen = {n: t for n, t in frozen.items() if n not in unknown}
         input_shape = tuple(view.metadata.get("input_shape") or view.tensors[target.names[0]].shape[1:])
         device, dtype = target.tensors[0].device, target.tensors[0].dtype
         generator = torch.Generator().manual_seed(self.seed)  # CPU draws, then moved: seed-identical on any device
@@ -297,7 +301,8 @@ class GradientMatchingAttack(GradientAttack):
             label_input = label_input.to(device, dtype)
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
-        distance = DISTANCES[self.distance]
+        variables += list(unknown.values())
+        distance = self.gradient_distance()
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
         statistics = batch_norm_statistics(view, self.bn_statistics) if self.bn_weight > 0 else None
@@ -309,17 +314,20 @@ class GradientMatchingAttack(GradientAttack):
             candidate = simulated_pseudo_gradient(
                 model,
                 params,
-                frozen,
+                frozen | unknown,
                 x,
                 to_probabilities(y),
                 local_steps=target.local_steps,
                 lr=target.lr,
                 data_per_step=target.data_per_step,
             )
-            gap = distance(candidate=[candidate[n] for n in target.names], target=target.tensors)
+            matched = [candidate[n] for n in target.names]
+            if target.masks is not None:
+                matched = [c * m for c, m in zip(matched, target.masks, strict=True)]
+            gap = distance(candidate=matched, target=target.tensors)
             return gap + sum(r(x) for r in regularisers), gap
 
-        gap_scale = float(sum(t.pow(2).sum() for t in target.tensors)) if self.distance == "euclidean" else 1.0
+        gap_scale = float(distance(candidate=[t.new_zeros(()) for t in target.tensors], target=target.tensors))
         batched, single = over_restarts(objective, restarts=self.restarts), over_restarts(objective, restarts=1)
         return MatchingProblem(
             batched,
@@ -332,6 +340,21 @@ class GradientMatchingAttack(GradientAttack):
             settings.stop_below,
             settings.max_iterations,
         )
+
+    def gradient_distance(self) -> Callable[..., Tensor]:
+        """The data term ``(candidate=..., target=...) -> distance``: :data:`DISTANCES` of ``distance`` (an adaptive
+        attack may model the defence's noise with another)."""
+        return DISTANCES[self.distance]
+
+    def target(self, view: ServerView) -> MatchingTarget:
+        """What :meth:`problem` matches: the view's tensors over ``layers`` (an adaptive attack narrows it)."""
+        return matching_target(view, layers=self.layers)
+
+    def unknowns(self, model: torch.nn.Module) -> dict[str, Tensor]:
+        """Leaf tensors optimised jointly with the images, keyed by their state-dict name in ``model`` (the attack's
+        own copy, which the hook may reparametrise), each shared by all restarts: an adaptive attack's guess of a
+        client's private tensors; none here."""
+        return {}
 
     def iterate(self, view: ServerView, *, problem: MatchingProblem | None = None) -> Iterator[MatchingState]:
         """Run the optimisation, yielding the state of all restarts after every iteration.

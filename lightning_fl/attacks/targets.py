@@ -52,6 +52,8 @@ class MatchingTarget:
         lr: the client's learning rate (``None`` for a gradient).
         data_per_step: candidate images used per simulated step.
         num_images: candidate images to reconstruct.
+        masks: per name, 1 where a coordinate is matched and 0 where it is not (an adaptive attack's known
+            pruning mask); ``None`` matches every coordinate.
     """
 
     names: tuple[str, ...]
@@ -60,6 +62,7 @@ class MatchingTarget:
     lr: float | None
     data_per_step: int
     num_images: int
+    masks: tuple[Tensor, ...] | None = None
 
 
 def matching_target(view: ServerView, *, layers: Sequence[str] | None = None) -> MatchingTarget:

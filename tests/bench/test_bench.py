@@ -133,7 +133,7 @@ def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
     assert len(test_set) >= 60 and set(test_set.labels.bincount().tolist()) == {7}  # 7 tiles of each photograph
     assert settings["model"]["init_args"]["backbone"] == "lenet_dlg"  # a conv net (DLG's sigmoid LeNet)
     threats = settings["threat_models"]
-    assert {t["leak_point"] for t in threats.values()} == {"client_update"}  # FedSGD and FedAvg: what the server gets
+    assert {t["leak_point"] for t in threats.values()} == {"client_update", "aggregate"}  # FedSGD, FedAvg, their sum
     assert any(t.get("trained") for t in threats.values()) and len(threats) >= 3
 
 

@@ -1,0 +1,345 @@
+"""Adaptive attacks: gradient matching that models the defence it attacks (Balunović et al., ICLR 2022).
+
+Balunović, Dimitrov, Jovanović and Vechev frame gradient leakage as Bayesian inference: the attacker who knows the
+defence :math:`\\mathcal D` maximises :math:`\\log p(\\tilde g \\mid x) + \\log p(x)`, where
+:math:`\\tilde g = \\mathcal D(\\nabla_\\theta L(x, y))` is what the server receives (Sec. 3-4, Eq. 2). Each class here
+is the shared :class:`~lightning_fl.attacks.gradient_matching.GradientMatchingAttack` with the defence written into
+one of its hooks, never a copy of its loop:
+
+* :class:`KnownMaskAttack` (gradient pruning): the zeros of a pruned update are the mask, and only the kept
+  coordinates are matched (:meth:`~GradientMatchingAttack.target` narrowed by :func:`kept_coordinates`);
+* :class:`NoiseAwareAttack` (Gaussian or Laplace noise): the Bayes-optimal data term (squared L2 under Gaussian,
+  L1 under Laplace noise), weighted against the image prior by the noise scale, with more restarts;
+* :class:`PrivateUnknownsAttack` (FedKL key-locks, FDL-PP passports and private split): the client's private
+  tensors, which the server never sees, become unknowns optimised jointly with the images
+  (:meth:`~GradientMatchingAttack.unknowns`).
+
+References:
+    Balunović et al. Bayesian Framework for Gradient Leakage. ICLR 2022. https://arxiv.org/abs/2111.04706
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from lightning_fl.attacks.distances import euclidean_distance
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName, MatchingTarget
+from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
+from lightning_fl.attacks.labels import LabelStrategy
+from lightning_fl.messages import ServerView
+from lightning_fl.private import private_modules
+
+__all__ = [
+    "NOISES",
+    "KnownMaskAttack",
+    "NoiseAwareAttack",
+    "NoiseName",
+    "PrivateUnknowns",
+    "PrivateUnknownsAttack",
+    "ScaledShift",
+    "kept_coordinates",
+    "l1_distance",
+]
+
+NoiseName = Literal["gaussian", "laplace"]
+PrivateUnknowns = Literal["secrets", "all"]
+"""Which private tensors :class:`PrivateUnknownsAttack` optimises: the ``secrets`` (the buffers a private module
+draws for each client: keys, passports) or ``all`` (their parameters too: lock layers, private kernels)."""
+
+
+def l1_distance(*, candidate: Sequence[Tensor], target: Sequence[Tensor]) -> Tensor:
+    r"""The L1 gradient distance :math:`\sum_l \|\nabla W'_l - \nabla W_l\|_1`.
+
+    The negative log-likelihood (up to the scale :math:`b` and a constant) of a gradient observed under i.i.d.
+    Laplace noise :math:`\mathrm{Lap}(0, b)`: the Bayes-optimal data term of Balunović et al. (ICLR 2022, Sec. 4)
+    for Laplacian noise.
+
+    Example:
+        >>> l1_distance(candidate=[torch.tensor([1.0, -2.0])], target=[torch.zeros(2)])
+        tensor(3.)
+    """
+    return sum((c - t).abs().sum() for c, t in zip(candidate, target, strict=True))
+
+
+NOISES: dict[str, Callable[..., Tensor]] = {"gaussian": euclidean_distance, "laplace": l1_distance}
+"""The Bayes-optimal gradient distance under each noise (Balunović et al., Sec. 4): squared L2 and L1."""
+
+
+def kept_coordinates(target: MatchingTarget) -> MatchingTarget:
+    """``target`` matched only where it is non-zero: the coordinates a pruning client kept.
+
+    Pruning (DLG's defence, Zhu et al., NeurIPS 2019, Sec. 6) sets the smallest entries of the update to exactly
+    zero, so the zeros the server receives are the mask; a non-zero entry is an unpruned one. Matching the
+    candidate's gradient on the kept coordinates only removes the pruned ones from the objective, which the
+    non-adaptive attack fits as if they were true zeros.
+
+    Example:
+        >>> import torch
+        >>> target = MatchingTarget(("w",), (torch.tensor([0.0, 2.0, 0.0]),), 1, None, 1, 1)
+        >>> kept_coordinates(target).masks
+        (tensor([0., 1., 0.]),)
+    """
+    return dataclasses.replace(target, masks=tuple((t != 0).to(t.dtype) for t in target.tensors))
+
+
+class KnownMaskAttack(InvertingGradientsAttack):
+    """Inverting Gradients against gradient pruning, with the pruning mask known: only kept coordinates are matched.
+
+    Implements the adaptive attack on pruning of Balunović et al. (ICLR 2022, Sec. 5: the defence is a known,
+    deterministic map of the gradient, so the attacker evaluates it on the candidate): for top-k pruning the
+    candidate's gradient restricted to the kept coordinates is what the pruned one shows. Inferred: the mask is read
+    from the zeros of the received update (:func:`kept_coordinates`) rather than recomputed from the candidate's
+    own top-k, which is not differentiable. The arguments are those of
+    :class:`~lightning_fl.attacks.inverting_gradients.InvertingGradientsAttack`.
+
+    Example:
+        >>> KnownMaskAttack(restarts=1).name
+        'adaptive_pruning'
+    """
+
+    name = "adaptive_pruning"
+
+    def target(self, view: ServerView) -> MatchingTarget:
+        """The view's pseudo-gradient, masked to the coordinates the client kept."""
+        return kept_coordinates(super().target(view))
+
+
+class NoiseAwareAttack(GradientMatchingAttack):
+    r"""The Bayes-optimal attack on a gradient with additive Gaussian or Laplace noise of a known scale.
+
+    Implements Eq. (2) and Sec. 4 of Balunović et al. (ICLR 2022): with i.i.d. noise of scale :math:`s` on every
+    coordinate of the received pseudo-gradient :math:`\tilde g`, the maximum a posteriori images minimise
+
+    .. math::
+
+        \text{Gaussian } \mathcal N(0, s^2):\ \frac{\|\nabla_\theta L(x, y) - \tilde g\|_2^2}{2 s^2}
+            + \lambda\,TV(x), \qquad
+        \text{Laplace } \mathrm{Lap}(0, s):\ \frac{\|\nabla_\theta L(x, y) - \tilde g\|_1}{s} + \lambda\,TV(x),
+
+    run here as the engine's distance plus :math:`2 s^2 \lambda` (Gaussian) or :math:`s \lambda` (Laplace) times
+    total variation, the prior :math:`-\log p(x) = \lambda TV(x)` of Inverting Gradients. The rest is Inverting
+    Gradients' optimiser (signed Adam, [0, 1] box, step decay, labels inferred first), with more restarts than its
+    preset since the noisy objective has more poor local minima. Inferred: the total-variation prior stands for
+    the paper's image prior; ``noise_scale`` is the noise on the *pseudo-gradient* (the update divided by the
+    client's learning rate), which for :class:`~lightning_fl.defences.GaussianNoise` (``unit="gradient"``) at one
+    local step is its ``noise_std``.
+
+    Args:
+        noise: ``"gaussian"`` or ``"laplace"`` (see :data:`NOISES`).
+        noise_scale: :math:`s`, the Gaussian standard deviation or the Laplace scale; must be > 0.
+        prior_weight: :math:`\lambda`, the weight of the total-variation log prior; must be >= 0.
+        max_iterations: Adam steps per restart.
+        lr: Adam step size before decay.
+        restarts: random starts run together; the best final objective wins.
+        label_strategy: rule of :func:`~lightning_fl.attacks.labels.infer_labels`.
+        init: starting images.
+        layers: ``fnmatch`` patterns of matched parameters; ``None``: all.
+        progress_bar: show a rich progress bar.
+        seed: seed of the starting images.
+
+    Raises:
+        ValueError: on an unknown noise or a non-positive scale.
+
+    Example:
+        >>> attack = NoiseAwareAttack(noise="gaussian", noise_scale=0.01, prior_weight=10.0)
+        >>> attack.gradient_distance().__name__, attack.tv_weight
+        ('euclidean_distance', 0.002)
+    """
+
+    name = "noise_aware"
+
+    def __init__(
+        self,
+        *,
+        noise: NoiseName = "gaussian",
+        noise_scale: float,
+        prior_weight: float = 300.0,
+        max_iterations: int = 4800,
+        lr: float = 0.1,
+        restarts: int = 8,
+        label_strategy: LabelStrategy = "bias_count",
+        init: InitName = "randn",
+        layers: Sequence[str] | None = None,
+        progress_bar: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if noise not in NOISES:
+            raise ValueError(f"NoiseAwareAttack(noise={noise!r}) is unknown; use one of {sorted(NOISES)}.")
+        if noise_scale <= 0 or prior_weight < 0:
+            raise ValueError(
+                f"NoiseAwareAttack(noise_scale={noise_scale}, prior_weight={prior_weight}): the scale must be > 0 "
+                "(the defence's sigma or Laplace b) and the prior weight >= 0."
+            )
+        self.noise, self.noise_scale, self.prior_weight = noise, noise_scale, prior_weight
+        scale = 2 * noise_scale**2 if noise == "gaussian" else noise_scale
+        super().__init__(
+            distance="euclidean",
+            optimizer="adam",
+            lr=lr,
+            max_iterations=max_iterations,
+            restarts=restarts,
+            labels="infer",
+            label_strategy=label_strategy,
+            init=init,
+            tv_weight=scale * prior_weight,
+            signed=True,
+            boxed=True,
+            lr_decay=True,
+            layers=layers,
+            progress_bar=progress_bar,
+            seed=seed,
+        )
+
+    def gradient_distance(self) -> Callable[..., Tensor]:
+        """The noise's Bayes-optimal data term (:data:`NOISES`)."""
+        return NOISES[self.noise]
+
+    def __repr__(self) -> str:
+        return (
+            f"NoiseAwareAttack(noise={self.noise!r}, noise_scale={self.noise_scale}, prior_weight={self.prior_weight}, "
+            f"max_iterations={self.max_iterations}, restarts={self.restarts})"
+        )
+
+
+class ScaledShift(nn.Module):
+    r"""A parametrisation :math:`w = w_0 + s\,u` of a tensor around its starting value :math:`w_0` (``u = 0`` there).
+
+    Adam moves every coordinate of its variable by about its step size, whatever the gradient's scale; optimising
+    :math:`u` instead of :math:`w` makes one step move :math:`w` by about ``scale`` (a share of the tensor's own
+    magnitude), so image and unknown steps can share one optimiser.
+
+    Example:
+        >>> import torch
+        >>> shift = ScaledShift(torch.tensor([1.0, 2.0]), scale=0.5)
+        >>> shift(torch.tensor([2.0, 0.0])), shift.right_inverse(torch.tensor([1.0, 2.0]))
+        (tensor([2., 2.]), tensor([0., 0.]))
+    """
+
+    def __init__(self, start: Tensor, *, scale: float) -> None:
+        super().__init__()
+        self.register_buffer("start", start.detach().clone())
+        self.scale = scale
+
+    def forward(self, u: Tensor) -> Tensor:
+        return self.start + self.scale * u
+
+    def right_inverse(self, value: Tensor) -> Tensor:
+        return (value - self.start) / self.scale
+
+
+class PrivateUnknownsAttack(InvertingGradientsAttack):
+    """Inverting Gradients with the client's private tensors as unknowns, optimised jointly with the images.
+
+    Implements the adaptive attack on secret-parameter defences in the sense of Balunović et al. (ICLR 2022,
+    Sec. 5: model what the defence hides as a latent variable and optimise it with the input): FedKL's key-lock
+    (the key and the lock layers, Ren's thesis ch. 5), FDL-PP's passport layers (passports, private kernel and
+    autoencoder, Gu et al. Eq. 4-5) and FDL-PP's private split (the private first layers). The server's model holds
+    its own initialisation of the private modules, drawn from the distribution the client's secrets come from (the
+    attacker's own random keys): the unknowns start there, and the image and unknown steps share one Adam.
+
+    The unknowns are, with ``private="secrets"``, the floating-point buffers that the private modules
+    (:func:`~lightning_fl.private.private_modules`) draw for each client in ``reset_private`` (FedKL's key, FDL-PP's
+    passports), the only private values that differ from the server's copy before a client trains; with
+    ``private="all"`` every private parameter and buffer (lock layers, passport kernels and autoencoders after local
+    training, the split's private layers). Each is one
+    estimate shared by all restarts, optimised in units of ``private_step`` times its mean magnitude
+    (:class:`ScaledShift`). Through the split the server matches only the public layers' gradient, which fixes the
+    features at the cut; an image follows from them only through the unknown private layers. Inferred: unknowns are
+    not regularised (the secrets' distributions are broad: U[0, 1) keys, U(-1, 1) passports).
+
+    Args:
+        private: which private tensors are unknowns (see :data:`PrivateUnknowns`).
+        private_step: an Adam step of size ``lr`` moves each unknown by about ``lr * private_step`` times its mean
+            magnitude; must be > 0.
+        **options: the arguments of :class:`~lightning_fl.attacks.inverting_gradients.InvertingGradientsAttack`.
+
+    Raises:
+        ValueError: if ``private_step`` is not positive.
+
+    Example:
+        >>> from lightning_fl.defences import PrivateSplit, apply_defences
+        >>> net = apply_defences(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2)), [PrivateSplit()])
+        >>> sorted(PrivateUnknownsAttack(private="all", restarts=1).unknowns(net))
+        ['0.parametrizations.bias.original', '0.parametrizations.weight.original']
+    """
+
+    name = "private_unknowns"
+
+    def __init__(
+        self,
+        *,
+        private: PrivateUnknowns = "secrets",
+        private_step: float = 0.1,
+        max_iterations: int = 4800,
+        lr: float = 0.1,
+        restarts: int = 4,
+        tv_weight: float = 1e-4,
+        label_strategy: LabelStrategy = "bias_count",
+        init: InitName = "randn",
+        layers: Sequence[str] | None = None,
+        progress_bar: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if private not in ("secrets", "all") or private_step <= 0:
+            raise ValueError(
+                f"PrivateUnknownsAttack(private={private!r}, private_step={private_step}): use 'secrets' or 'all', "
+                "and a step > 0."
+            )
+        self.private, self.private_step = private, private_step
+        super().__init__(
+            max_iterations=max_iterations,
+            lr=lr,
+            restarts=restarts,
+            tv_weight=tv_weight,
+            label_strategy=label_strategy,
+            init=init,
+            layers=layers,
+            progress_bar=progress_bar,
+            seed=seed,
+        )
+
+    def unknowns(self, model: nn.Module) -> dict[str, Tensor]:
+        """Reparametrise the chosen floating-point tensors of ``model``'s private modules as :class:`ScaledShift`
+        around their values and return the shifts (zero leaves), keyed by their new state-dict names.
+
+        Raises:
+            ValueError: when ``model`` has no such private tensor (the defence hides nothing to optimise).
+        """
+        found = [
+            (".".join(part for part in (prefix, name) if part), tensor)
+            for prefix, module in private_modules(model)
+            for name, tensor in self._private_tensors(module)
+            if tensor.is_floating_point()
+        ]
+        if not found:
+            raise ValueError(
+                f"{type(self).__name__}(private={self.private!r}): {type(model).__name__} has no private tensor of "
+                "that kind; use private='all' for a private split, or apply the defence (KeyLocks, Passports) first."
+            )
+        unknown = {}
+        for name, tensor in found:
+            owner_name, _, attribute = name.rpartition(".")
+            owner = model.get_submodule(owner_name)
+            scale = self.private_step * max(float(tensor.detach().abs().mean()), 1e-3)
+            parametrize.register_parametrization(owner, attribute, ScaledShift(tensor, scale=scale), unsafe=True)
+            prefix = f"{owner_name}." if owner_name else ""
+            unknown[f"{prefix}parametrizations.{attribute}.original"] = torch.zeros_like(tensor).requires_grad_()
+        return unknown
+
+    def _private_tensors(self, module: nn.Module) -> list[tuple[str, Tensor]]:
+        """``secrets``: the buffers of the submodules that draw a client's own values (``reset_private``); ``all``:
+        every parameter and buffer."""
+        if self.private == "all":
+            return [*module.named_parameters(), *module.named_buffers()]
+        return [
+            (".".join(part for part in (name, buffer) if part), tensor)
+            for name, sub in module.named_modules()
+            if callable(getattr(sub, "reset_private", None))
+            for buffer, tensor in sub.named_buffers(recurse=False)
+        ]
