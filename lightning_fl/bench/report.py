@@ -81,11 +81,12 @@ def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
 
 def _units(runs: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
     """The row's values of ``metric`` per attacked image, all seeds together (a cell stored without per-image
-    scores gives its mean once). ``success_rate`` per image: 1 where its SSIM reaches the cell's success bar."""
+    scores gives its mean once; one with nothing readable, its success rate of 0). ``success_rate`` per image: 1
+    where its SSIM reaches the cell's success bar."""
     values: list[float | None] = []
     for r in runs:
         images = r.get("images")
-        if images is None:
+        if not images or not images.get("ssim"):
             values.append(r.get(metric))
         elif metric == "success_rate":
             values += [float(v >= r["success_ssim"]) for v in images["ssim"]]
@@ -480,7 +481,7 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str =
     threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
     attacks = list(dict.fromkeys(_attack_label(r) for r in rows))
     defences = list(dict.fromkeys(r["defence"] for r in rows))
-    fig, axes = _panels(len(threat_models), 0.42 * len(attacks) + 0.09 * max(len(d) for d in defences) + 1.2, extra=1.0)
+    fig, axes = _panels(len(threat_models), 0.42 * len(attacks) + 0.09 * max(len(d) for d in defences) + 1.2, extra=0.8)
     image = None
     for ax, threat_model in zip(axes, threat_models, strict=True):
         grid = [[math.nan] * len(defences) for _ in attacks]
@@ -498,9 +499,9 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str =
         broken = breaking_attacks(rows, threat_model)
         ax.set_title(threat_model + ("" if broken else " (cannot rank: undefended model not broken)"), fontsize=_FONT)
     if image is not None:
-        fig.colorbar(
-            image, ax=axes, label="attack success rate (share of images; empty: not run)", location="bottom", shrink=0.5
-        )
+        bar = fig.colorbar(image, ax=axes, location="bottom", shrink=0.5, aspect=40)
+        bar.set_label("attack success rate (share of images; empty: not run)", fontsize=_FONT)
+        bar.ax.xaxis.set_label_position("top")  # above the bar: constrained layout leaves no room below it
     fig.suptitle(f"attack success per threat model{': ' + title if title else ''}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
     return path

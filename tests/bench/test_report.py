@@ -127,3 +127,10 @@ def test_figures_are_1600_px_wide_with_at_most_two_panels_a_line(tmp_path) -> No
         assert {sizes[name, c][0] for c in (1, 2, 5)} == {1600}
         assert sizes[name, 2][1] == sizes[name, 1][1]  # two panels share a line
         assert sizes[name, 5][1] > 2.5 * sizes[name, 1][1]  # five take three lines
+
+
+def test_a_cell_with_nothing_readable_keeps_its_success_rate_of_zero() -> None:
+    unreadable = {**_cell("paillier", "ig", "b1", psnr=[1.0], ssim=[0.0]), "psnr": None, "ssim": None}
+    unreadable.update(images={"psnr": [], "ssim": [], "lpips": None}, success_rate=0.0, status="ok: nothing readable")
+    (row,) = _rows([unreadable], "paillier")
+    assert row["images"] == 0 and row["success_rate_mean"] == 0.0 and row["ssim_mean"] is None
