@@ -447,7 +447,8 @@ def _privacy_panel(
     ax.set_ylim(-0.02, 1.02)
     ax.tick_params(labelsize=_FONT - 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=_FONT - 2, loc="lower left" if unreadable else "lower right")
+    if ax.get_legend_handles_labels()[1]:  # a panel with no scores and no bar has nothing to list
+        ax.legend(fontsize=_FONT - 2, loc="lower left" if unreadable else "lower right")
     return [best[i] for i in front]
 
 

@@ -31,7 +31,8 @@ def test_class_sample_reads_the_labels_and_draws_public_images_of_them(batch_siz
     assert torch.equal(again.images, reconstruction.images)  # seeded
 
 
-def test_guessing_scores_far_below_the_success_bar_and_below_a_real_attack() -> None:
+def test_guessing_gives_no_copy_of_the_image() -> None:
+    """A guess scores 10-15 dB; on 16x16 digits its SSIM can pass 0.5 (docs/bench.md), never a copy's."""
     view, truth = digits_view(batch_size=1, seed=1)
     scores = {
         guess: score_reconstruction(PriorBaseline(_public(), guess=guess).reconstruct(view), truth, num_classes=10)
@@ -39,7 +40,7 @@ def test_guessing_scores_far_below_the_success_bar_and_below_a_real_attack() -> 
     }
     assert scores["mean"]["label_accuracy"] is None and scores["class_sample"]["label_accuracy"] == 1.0
     for score in scores.values():
-        assert 5.0 < score["psnr"] < 20.0 and score["ssim"] < 0.5  # guessing: never a recognisable copy
+        assert 5.0 < score["psnr"] < 20.0 and score["ssim"] < 0.9 and score["recovered"] == 0
 
 
 def test_public_images_of_another_shape_are_refused() -> None:
