@@ -13,6 +13,7 @@ from lightning_fl.attacks.label_impact import LabelImpact, label_impact
 from lightning_fl.attacks.labels import infer_labels
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
+from lightning_fl.attacks.prior_baseline import PriorBaseline
 from lightning_fl.attacks.report import attack_report
 from lightning_fl.attacks.robbing_the_fed import RobbingTheFedAttack
 from lightning_fl.attacks.see_through_gradients import SeeThroughGradientsAttack
@@ -34,6 +35,7 @@ __all__ = [
     "MIFace",
     "MaliciousImprint",
     "NoiseAwareAttack",
+    "PriorBaseline",
     "PrivateUnknownsAttack",
     "Reconstruction",
     "RobbingTheFedAttack",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,48 @@ def attack_success_rate(scores: Tensor, *, threshold: float) -> Tensor:
     return (scores >= threshold).float().mean()
 
 
+def bootstrap_interval(
+    values: Sequence[float] | Tensor, *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    r"""The mean of ``values`` and its percentile bootstrap interval (Efron & Tibshirani, *An Introduction to the
+    Bootstrap*, 1993, Sec. 13.3).
+
+    ``values`` are resampled with replacement ``resamples`` times; the interval's ends are the
+    :math:`(1 - c)/2` and :math:`(1 + c)/2` quantiles of the resampled means (:math:`c` = ``confidence``). The
+    resampling is seeded, so the same values give the same interval. The bench resamples images: each value is one
+    attacked image's score. On shares (0/1 values) the interval collapses to a point when every value is equal.
+
+    Args:
+        values: one score per unit (image), at least one; non-finite values are refused.
+        confidence: coverage of the interval, in (0, 1).
+        resamples: bootstrap resamples, >= 1.
+        seed: seed of the resampling.
+
+    Returns:
+        ``(mean, low, high)``.
+
+    Raises:
+        ValueError: on no values, a non-finite value, ``confidence`` outside (0, 1) or ``resamples < 1``.
+
+    Example:
+        >>> bootstrap_interval([2.0, 2.0, 2.0])
+        (2.0, 2.0, 2.0)
+        >>> mean, low, high = bootstrap_interval([0.0, 1.0] * 50)  # standard error 0.05: about mean ± 0.1
+        >>> mean, round(low, 2), round(high, 2)
+        (0.5, 0.4, 0.6)
+    """
+    data = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    if data.numel() == 0 or not bool(torch.isfinite(data).all()):
+        raise ValueError(f"bootstrap_interval needs at least one finite value, got {data.tolist()[:5]}.")
+    if not 0.0 < confidence < 1.0 or resamples < 1:
+        raise ValueError(f"confidence={confidence} must be in (0, 1) and resamples={resamples} >= 1.")
+    generator = torch.Generator().manual_seed(seed)
+    means = data[torch.randint(data.numel(), (resamples, data.numel()), generator=generator)].mean(1)
+    tails = torch.tensor([(1.0 - confidence) / 2, (1.0 + confidence) / 2], dtype=torch.float64)
+    low, high = torch.quantile(means, tails).tolist()
+    return float(data.mean()), low, high
+
+
 def fdlpp_privacy_score(mse: Tensor | float, *, alpha: float = 0.1) -> Tensor:
     r"""The FDL-PP privacy score :math:`f(x) = 2x^\alpha / (1 + x^\alpha)` of a reconstruction MSE (higher: private).
 
@@ -352,14 +395,15 @@ def _mean_or_none(values: Tensor | None) -> float | None:
 
 def score_reconstruction(
     reconstruction: Reconstruction, ground_truth: GroundTruth, *, num_classes: int | None = None
-) -> dict[str, float | int | None]:
+) -> dict[str, Any]:
     """Match a reconstruction to the ground truth and average the per-image metrics.
 
     Returns the metric part of a ``summary.json["attacks"]`` entry: ``mse``, ``psnr``, ``ssim``, ``lpips``
     (``None`` when unavailable), ``label_accuracy`` (``None`` when the attack recovers no labels; compared
     against the labels of the matched ground-truth images), ``psnr_ref_rmse`` (thesis variant), ``num_images``
-    (matched pairs) and ``recovered`` (matched pairs at PSNR >= :data:`RECOVERED_PSNR`: ground-truth images
-    recovered exactly).
+    (matched pairs), ``recovered`` (matched pairs at PSNR >= :data:`RECOVERED_PSNR`: ground-truth images
+    recovered exactly) and ``per_image``: the ``psnr``, ``ssim`` and ``lpips`` (``None`` when unavailable) of each
+    matched pair, in the order of the ground-truth images (what an interval over images resamples).
 
     Example:
         >>> images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -368,12 +412,16 @@ def score_reconstruction(
         >>> scores = score_reconstruction(rec, truth)
         >>> scores["mse"], scores["label_accuracy"], scores["num_images"], scores["recovered"]
         (0.0, 1.0, 2, 2)
+        >>> scores["per_image"]["psnr"]
+        [100.0, 100.0]
     """
     truth = ground_truth.inputs.detach().cpu()
     images = reconstruction.images.detach().cpu().to(truth.dtype).clamp(0, 1)
     rows, cols = match_reconstructions(images, truth)
+    order = cols.argsort()  # pairs in ground-truth order: the same per-image lists whatever the batch order
+    rows, cols = rows[order], cols[order]
     preds, target = images[rows], truth[cols]
-    psnrs = psnr(preds, target)
+    psnrs, ssims, lpipss = psnr(preds, target), ssim(preds, target), lpips(preds, target)
     label_accuracy = None
     if reconstruction.labels is not None:
         classes = num_classes or int(max(reconstruction.labels.max(), ground_truth.targets.max())) + 1
@@ -383,34 +431,15 @@ def score_reconstruction(
     return {
         "mse": float(image_mse(preds, target).mean()),
         "psnr": float(psnrs.mean()),
-        "ssim": float(ssim(preds, target).mean()),
-        "lpips": _mean_or_none(lpips(preds, target)),
+        "ssim": float(ssims.mean()),
+        "lpips": _mean_or_none(lpipss),
         "label_accuracy": label_accuracy,
         "psnr_ref_rmse": float(psnr_ref_rmse(preds, target).mean()),
         "num_images": len(rows),
         "recovered": int((psnrs >= RECOVERED_PSNR).sum()),
+        "per_image": {
+            "psnr": psnrs.tolist(),
+            "ssim": ssims.tolist(),
+            "lpips": None if lpipss is None else lpipss.tolist(),
+        },
     }
-
-
-def bootstrap_interval(
-    values: list[float] | Tensor, *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (Efron & Tibshirani, 1993, Ch. 13), seeded.
-
-    Raises:
-        ValueError: on no values or a ``confidence`` outside (0, 1).
-
-    Example:
-        >>> bootstrap_interval([1.0, 1.0, 1.0])
-        (1.0, 1.0)
-        >>> low, high = bootstrap_interval([0.0, 1.0] * 50)
-        >>> 0.39 < low < 0.5 < high < 0.61
-        True
-    """
-    data = torch.as_tensor(values, dtype=torch.float64).flatten()
-    if data.numel() == 0 or not 0 < confidence < 1:
-        raise ValueError(f"bootstrap_interval needs values and 0 < confidence < 1; got {data.numel()}, {confidence}.")
-    draws = torch.randint(len(data), (resamples, len(data)), generator=torch.Generator().manual_seed(seed))
-    means = data[draws].mean(1)
-    tail = (1 - confidence) / 2
-    return float(means.quantile(tail)), float(means.quantile(1 - tail))

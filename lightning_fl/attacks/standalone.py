@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from lightning_fl.attacks.base import GradientAttack
-from lightning_fl.attacks.metrics import bootstrap_interval, match_reconstructions, psnr, ssim
+from lightning_fl.attacks.metrics import bootstrap_interval
 from lightning_fl.attacks.report import attack_report
 from lightning_fl.datamodules.datasets import ImageTensorDataset
 from lightning_fl.datamodules.federated import FederatedDataModule
@@ -34,7 +34,6 @@ __all__ = [
     "attack_totals",
     "check_attack_run",
     "client_view",
-    "per_image_scores",
     "run_attack",
     "view_on",
 ]
@@ -292,9 +291,8 @@ def run_attack(
             names=names,
             title=f"{name} on {view.leak_point}, client {run.client_id}",
         )
-        psnr_each, ssim_each = per_image_scores(reconstruction.images, images)
-        psnrs += psnr_each
-        ssims += ssim_each
+        psnrs += report["per_image"]["psnr"]
+        ssims += report["per_image"]["ssim"]
         entries.append(
             {
                 "attack": name,
@@ -314,21 +312,6 @@ def run_attack(
     return entry
 
 
-def per_image_scores(reconstructed: Tensor, truth: Tensor) -> tuple[list[float], list[float]]:
-    """PSNR and SSIM of each ground-truth image against the reconstruction matched to it (one list each).
-
-    Example:
-        >>> images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-        >>> per_image_scores(images.flip(0), images)[1]
-        [1.0, 1.0]
-    """
-    truth = truth.detach().cpu().float()
-    reconstructed = reconstructed.detach().cpu().float().clamp(0, 1)
-    rows, cols = match_reconstructions(reconstructed, truth)
-    pairs = reconstructed[rows], truth[cols]
-    return psnr(*pairs).tolist(), ssim(*pairs).tolist()
-
-
 def attack_totals(
     entries: list[dict[str, object]], *, psnrs: list[float], ssims: list[float], success_ssim: float
 ) -> dict[str, object]:
@@ -338,19 +321,21 @@ def attack_totals(
     Example:
         >>> entry = {"attack": "ig", "leak_point": "local_gradient", "seconds": 2.0, "label_accuracy": 1.0}
         >>> totals = attack_totals([entry, entry], psnrs=[20.0, 30.0], ssims=[0.4, 0.8], success_ssim=0.5)
-        >>> totals["num_images"], totals["share_recovered"], totals["ssim"]
-        (2, 0.5, 0.6000000000000001)
+        >>> totals["num_images"], totals["share_recovered"], round(totals["ssim"], 3)
+        (2, 0.5, 0.6)
     """
     labels = [e["label_accuracy"] for e in entries if e.get("label_accuracy") is not None]
+    psnr_mean, *psnr_interval = bootstrap_interval(psnrs)
+    ssim_mean, *ssim_interval = bootstrap_interval(ssims)
     return {
         "attack": entries[0]["attack"],
         "leak_point": entries[0]["leak_point"],
         "batches": len(entries),
         "num_images": len(ssims),
-        "psnr": sum(psnrs) / len(psnrs),
-        "psnr_interval": list(bootstrap_interval(psnrs)),
-        "ssim": sum(ssims) / len(ssims),
-        "ssim_interval": list(bootstrap_interval(ssims)),
+        "psnr": psnr_mean,
+        "psnr_interval": psnr_interval,
+        "ssim": ssim_mean,
+        "ssim_interval": ssim_interval,
         "success_ssim": success_ssim,
         "share_recovered": sum(v >= success_ssim for v in ssims) / len(ssims),
         "label_accuracy": sum(labels) / len(labels) if labels else None,

@@ -19,10 +19,12 @@ from typing import Any
 
 from lightning_fl.bench.experiment import build_loop, fit_spec, recorded_warnings
 
-__all__ = ["METRICS", "failure", "run_attacks", "run_utility", "write_atomically"]
+__all__ = ["IMAGE_METRICS", "METRICS", "failure", "public_data", "run_attacks", "run_utility", "write_atomically"]
 
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
 """Attack scores averaged over a cell's attacked events, besides ``exact`` and ``success_rate``."""
+IMAGE_METRICS = ("psnr", "ssim", "lpips")
+"""Scores kept per attacked image (``images``), what the report's intervals resample."""
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -30,14 +32,30 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
+def _per_image(attacks: list[Mapping[str, Any]], metric: str) -> list[float]:
+    """``metric`` of every attacked image of a cell (an entry without per-image scores counts once, its mean)."""
+    values: list[float | None] = []
+    for a in attacks:
+        per_image = (a.get("per_image") or {}).get(metric)
+        values += per_image if per_image is not None else [a.get(metric)]
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
 def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float) -> dict[str, Any]:
-    """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only)."""
+    """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only).
+
+    ``images`` holds each attacked image's PSNR, SSIM and LPIPS; ``success_rate`` is the share of attacked images
+    whose reconstruction reaches SSIM ≥ ``success_ssim``.
+    """
     attacks = [a for a in entries if a.get("readable", True)]
     unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
+    images = {m: _per_image(attacks, m) for m in IMAGE_METRICS}
     result: dict[str, Any] = {
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
-        "success_rate": _mean([float((a.get("ssim") or 0.0) >= spec["success_ssim"]) for a in attacks]),
+        "success_rate": _mean([float(v >= spec["success_ssim"]) for v in images["ssim"]]),
         "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
+        "images": images,
+        "success_ssim": spec["success_ssim"],
         "attacked": len(attacks),
         "unreadable": unreadable,
         "cpu_seconds": seconds,
@@ -99,9 +117,19 @@ def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
     init_args.update(
         {k: v for k, v in (("seed", seed), ("progress_bar", False)) if k in accepted and k not in init_args}
     )
+    if "public_data" in accepted and "public_data" not in init_args:  # the attacker's own data: the test split
+        init_args["public_data"] = public_data(spec)
     attack = attack_type(**init_args)
     attack.name = name
     return attack
+
+
+def public_data(spec: Mapping[str, Any]) -> Any:
+    """The data a bench gives an attack that asks for ``public_data`` (a prior-only baseline): the test split of the
+    cell's data set, at its image size; the clients train, and are attacked, on the training split only."""
+    from lightning_fl.datamodules import FederatedDataModule
+
+    return FederatedDataModule(**{"seed": int(spec["seed"]), **spec["data"]}).test_set
 
 
 def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> tuple[Any, list[Any]]:
@@ -133,7 +161,7 @@ def run_attacks(
             ``None`` starts from the seed's initial model.
 
     Returns:
-        per attack name: the mean attack scores, the attack success rate (share of attacked events with SSIM ≥
+        per attack name: the mean attack scores, the attack success rate (share of attacked images with SSIM ≥
         ``success_ssim``), the cell's share of the run's CPU seconds and a status.
     """
     from lightning_fl.federation.export import load_global_model
@@ -150,6 +178,7 @@ def run_attacks(
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
         own = [a for a in summary["attacks"] if a["attack"] == name]
         results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share)
+        results[name]["prior_only"] = bool(getattr(leakage.attack, "prior_only", False))
     return results
 
 

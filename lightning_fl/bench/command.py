@@ -147,6 +147,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
             command=command,
             wandb_project=cfg.wandb_project,
             report_only=cfg.report_only,
+            title=f"{Path(cfg.config).stem}, {'quick' if cfg.quick else 'full'} budget",
         )
         failed = [f"{r['defence']}/{r['attack']}/{r['threat_model']}" for r in rows if "failed" in r["status"]]
         if failed:

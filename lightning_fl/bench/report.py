@@ -1,6 +1,7 @@
 """What a person reads after ``lightning-fl bench``: ``bench.csv``, ``bench.md``, the privacy–utility panels and
-the attack-success heatmap (one panel per threat model; PNG, matplotlib Agg), and the same table and plots in W&B
-when a project is given."""
+the attack-success heatmap (one panel per threat model, two a line, 1600 px wide; PNG, matplotlib Agg), and the
+same table and plots in W&B when a project is given. Attack scores come with 95 % bootstrap intervals over the
+attacked images; a threat model whose attacks do not break the undefended model says that it cannot rank defences."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BROKEN_SHARE",
+    "CANNOT_RANK",
     "COLUMNS",
+    "INTERVALS",
+    "UNDEFENDED",
+    "breaking_attacks",
     "log_to_wandb",
     "pareto_front",
+    "psnr_text",
+    "rank_note",
     "summarise",
     "write_csv",
     "write_heatmap",
@@ -25,23 +33,43 @@ __all__ = [
 _UTILITY = ("test_accuracy", "epsilon")
 _ATTACK = ("psnr", "ssim", "lpips", "label_accuracy", "exact", "success_rate")
 _VALUES = (*_UTILITY, *_ATTACK)
+INTERVALS = ("psnr", "ssim", "lpips", "success_rate")
+"""Scores given with a 95 % interval, bootstrapped over the attacked images of a row (all its seeds)."""
 COLUMNS = (
     "defence",
     "attack",
     "threat_model",
     "leak_point",
     "server",
+    "prior_only",
     "seeds",
+    "images",
     *(f"{v}_{s}" for v in _VALUES for s in ("mean", "std")),
+    *(f"{v}_{s}" for v in INTERVALS for s in ("low", "high")),
+    "psnr_capped",
+    "success_ssim",
     "utility_rounds",
     "cpu_seconds",
     "status",
 )
-"""``bench.csv``: one row per (defence, attack, threat model); mean and sample std over the seeds. ``test_accuracy``
-and ``epsilon`` come from the defence's utility runs (the same in every row of a defence), ``utility_rounds`` is the
-fewest rounds one of them completed. ``server``: the attack's threat model of the server, ``honest-but-curious``
-(it reads what it receives) or ``malicious`` (it changed the model it ships); ``exact``: the share of the images
-behind an attacked update recovered at PSNR ≥ 30 dB."""
+"""``bench.csv``: one row per (defence, attack, threat model). ``test_accuracy`` and ``epsilon``: mean and sample
+std over the defence's utility runs (the same in every row of a defence); ``utility_rounds`` is the fewest rounds one
+of them completed. The scores of :data:`INTERVALS`: ``_mean`` over the row's attacked images (``images``, all seeds
+together) with ``_low``/``_high`` the 95 % bootstrap interval (:func:`~lightning_fl.attacks.metrics.bootstrap_interval`,
+2000 resamples, seed 0); ``psnr_mean`` is over the images whose PSNR is measured, ``psnr_capped`` counts those at
+the 100 dB cap (an exact copy). Every score's ``_std``: sample std over seeds of the cells' means. ``server``: the
+attack's threat model of the server, ``honest-but-curious`` (it reads what it receives) or ``malicious`` (it changed
+the model it ships); ``prior_only``: a calibration row that never reads the images (:class:`PriorBaseline`);
+``exact``: the share of the images behind an attacked update recovered at PSNR ≥ 30 dB; ``success_rate``: share of
+the attacked images at SSIM ≥ ``success_ssim``."""
+
+UNDEFENDED = "none"
+"""The defence name of the undefended row, against which a threat model's attacks are judged."""
+BROKEN_SHARE = 0.5
+"""An attack breaks a model when it recovers at least this share of the attacked images at SSIM ≥ the success bar."""
+CANNOT_RANK = "no attack broke the undefended model here: this threat model cannot rank defences"
+NO_UNDEFENDED = f"no {UNDEFENDED} row here: whether the attacks break the undefended model is unknown, so no front"
+_RESAMPLES = 2000
 
 
 def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -51,12 +79,44 @@ def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
 
 
+def _units(runs: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
+    """The row's values of ``metric`` per attacked image, all seeds together (a cell stored without per-image
+    scores gives its mean once; one with nothing readable, its success rate of 0). ``success_rate`` per image: 1
+    where its SSIM reaches the cell's success bar."""
+    values: list[float | None] = []
+    for r in runs:
+        images = r.get("images")
+        if not images or not images.get("ssim"):
+            values.append(r.get(metric))
+        elif metric == "success_rate":
+            values += [float(v >= r["success_ssim"]) for v in images["ssim"]]
+        else:
+            values += images.get(metric) or []
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def _intervals(row: dict[str, Any], runs: Sequence[Mapping[str, Any]]) -> None:
+    """Put the per-image means and 95 % bootstrap intervals of :data:`INTERVALS` into ``row``; PSNRs at the cap
+    are counted (``psnr_capped``), not averaged."""
+    from lightning_fl.attacks.metrics import PSNR_CAP, bootstrap_interval
+
+    units = {m: _units(runs, m) for m in INTERVALS}
+    row["psnr_capped"] = sum(v >= PSNR_CAP for v in units["psnr"])
+    units["psnr"] = [v for v in units["psnr"] if v < PSNR_CAP]
+    row["images"] = len(_units(runs, "ssim"))
+    for metric, values in units.items():
+        mean, low, high = bootstrap_interval(values, resamples=_RESAMPLES) if values else (None, None, None)
+        row[f"{metric}_mean"], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
+
+
 def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Group cell results over seeds: one row per (defence, attack, threat model), in first-seen order, with the
-    utility (test accuracy, ε) of the defence's utility runs of the same seeds.
+    utility (test accuracy, ε) of the defence's utility runs of the same seeds and the attack scores' means and
+    intervals over the attacked images (:data:`COLUMNS`).
 
     Args:
-        results: attack cell entries (``defence``, ``attack``, ``threat_model``, ``seed``, scores, ``status``).
+        results: attack cell entries (``defence``, ``attack``, ``threat_model``, ``seed``, scores, ``images``,
+            ``status``).
         utility: utility run entries by key ``<defence>__s<seed>``.
     """
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
@@ -68,10 +128,13 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         row: dict[str, Any] = {"defence": defence, "attack": attack, "threat_model": threat_model, "seeds": len(runs)}
         row["leak_point"] = runs[0].get("leak_point")
         row["server"] = runs[0].get("server", "honest-but-curious")
+        row["prior_only"] = any(r.get("prior_only") for r in runs)
+        row["success_ssim"] = next((r["success_ssim"] for r in runs if r.get("success_ssim") is not None), None)
         for value in _UTILITY:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([u.get(value) for u in trained])
         for value in _ATTACK:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([r.get(value) for r in runs])
+        _intervals(row, [r for r in runs if r.get("status", "").startswith("ok")])
         rounds = [u["rounds"] for u in trained if u.get("rounds") is not None]
         row["utility_rounds"] = min(rounds) if rounds else None
         row["cpu_seconds"] = sum(r.get("cpu_seconds") or 0.0 for r in runs)
@@ -79,6 +142,35 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         row["status"] = "; ".join(sorted(status))
         rows.append(row)
     return rows
+
+
+def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]] | None:
+    """The attack rows that break the undefended model under ``threat_model`` (success rate ≥
+    :data:`BROKEN_SHARE`; prior-only rows never count), or ``None`` when the rows have no :data:`UNDEFENDED` row.
+
+    An empty list means the threat model cannot rank defences: a defence that "holds" there may only face an
+    attacker too weak to tell.
+
+    Example:
+        >>> rows = [{"defence": "none", "threat_model": "t", "attack": "ig", "success_rate_mean": 0.25}]
+        >>> breaking_attacks(rows, "t"), breaking_attacks(rows, "other")
+        ([], None)
+    """
+    undefended = [r for r in rows if (r["defence"], r["threat_model"]) == (UNDEFENDED, threat_model)]
+    if not undefended:
+        return None
+    return [r for r in undefended if not r.get("prior_only") and (r.get("success_rate_mean") or 0.0) >= BROKEN_SHARE]
+
+
+def _guessing(rows: Sequence[Mapping[str, Any]], threat_model: str) -> Mapping[str, Any] | None:
+    """The prior-only row with the highest mean SSIM under ``threat_model`` (what guessing scores), if any."""
+    priors = [r for r in rows if r["threat_model"] == threat_model and r.get("prior_only")]
+    priors = [r for r in priors if r.get("ssim_mean") is not None]
+    return max(priors, key=lambda r: r["ssim_mean"]) if priors else None
+
+
+def _success_bar(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    return next((r["success_ssim"] for r in rows if r.get("success_ssim") is not None), None)
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -92,10 +184,34 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 
 def _cell(row: Mapping[str, Any], value: str, digits: int) -> str:
-    mean, std = row[f"{value}_mean"], row[f"{value}_std"]
+    """Mean ± std over seeds (the utility values, label accuracy, exact), or the mean with its 95 % interval over
+    images (:data:`INTERVALS`)."""
+    mean = row[f"{value}_mean"]
     if mean is None:
         return "–"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if row["seeds"] > 1 else "")
+    if value in INTERVALS:
+        low, high = row.get(f"{value}_low"), row.get(f"{value}_high")
+        spread = f" [{low:.{digits}f}, {high:.{digits}f}]" if low is not None and row.get("images", 0) > 1 else ""
+        return f"{mean:.{digits}f}{spread}"
+    std = row[f"{value}_std"]
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if row["seeds"] > 1 and std is not None else "")
+
+
+def psnr_text(row: Mapping[str, Any]) -> str:
+    """A row's PSNR: the mean and interval over the measured images, and the images at the 100 dB cap (exact copies)
+    counted apart, never averaged as if measured.
+
+    Example:
+        >>> psnr_text({"psnr_mean": None, "psnr_capped": 4, "images": 4})
+        '≥ 100 (capped, 4 of 4)'
+        >>> psnr_text({"psnr_mean": 20.0, "psnr_low": 18.0, "psnr_high": 22.0, "psnr_capped": 1, "images": 3})
+        '20.0 [18.0, 22.0]; ≥ 100 (capped, 1 of 3)'
+    """
+    measured = _cell({**row, "seeds": 1, "psnr_std": None}, "psnr", 1) if row["psnr_mean"] is not None else ""
+    capped = row.get("psnr_capped") or 0
+    if not capped:
+        return measured or "–"
+    return "; ".join(t for t in (measured, f"≥ 100 (capped, {capped} of {row['images']})") if t)
 
 
 def _epsilon(row: Mapping[str, Any], bound: float) -> str:
@@ -104,10 +220,44 @@ def _epsilon(row: Mapping[str, Any], bound: float) -> str:
     return text + " ⚠" if row["epsilon_mean"] is not None and row["epsilon_mean"] > bound else text
 
 
-def write_markdown(rows: Sequence[Mapping[str, Any]], path: Path, *, command: str, epsilon_bound: float) -> Path:
-    """``bench.md``: the utility of each defence, then one attack table per threat model (mean ± std over seeds),
-    with the command that made them."""
-    lines = [f"Made by `{command}`.", "", "| defence | test acc. | ε | rounds |", "|---|---|---|---|"]
+def rank_note(rows: Sequence[Mapping[str, Any]], threat_model: str) -> str:
+    """What a threat model's table and panel say first: whether its attacks break the undefended model (else
+    :data:`CANNOT_RANK`), and what guessing (the prior-only rows) scores against the success bar."""
+    bar = _success_bar(rows)
+    broken = breaking_attacks(rows, threat_model)
+    if broken is None:
+        note = NO_UNDEFENDED + "."
+    elif not broken:
+        note = (
+            f"**{CANNOT_RANK[0].upper() + CANNOT_RANK[1:]}** (no attack recovered {BROKEN_SHARE:.0%} of the "
+            f"`{UNDEFENDED}` model's images at SSIM ≥ {bar})."
+        )
+    else:
+        names = ", ".join(f"{r['attack']} ({r['success_rate_mean']:.2f})" for r in broken)
+        note = f"The undefended model is broken here (share of images at SSIM ≥ {bar}): {names}."
+    guess = _guessing(rows, threat_model)
+    if guess is not None:
+        note += (
+            f" Guessing from public data ({guess['attack']}, never reads the update) scores SSIM "
+            f"{_cell(guess, 'ssim', 3)}, PSNR {psnr_text(guess)} dB"
+        )
+        if (guess.get("success_rate_mean") or 0.0) > 0:
+            note += (
+                f", and reaches the success bar on {guess['success_rate_mean']:.0%} of the images: at SSIM ≥ {bar} "
+                "the bar does not tell an attack from a guess on this data (raise success_ssim)"
+            )
+        note += "."
+    return note
+
+
+def write_markdown(
+    rows: Sequence[Mapping[str, Any]], path: Path, *, command: str, epsilon_bound: float, title: str = ""
+) -> Path:
+    """``bench.md``: the utility of each defence (mean ± std over seeds), then one attack table per threat model
+    (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note`, with the
+    command that made them."""
+    lines = [f"Made by `{command}`" + (f" ({title})." if title else "."), ""]
+    lines += ["| defence | test acc. | ε | rounds |", "|---|---|---|---|"]
     for defence in dict.fromkeys(r["defence"] for r in rows):
         r = next(r for r in rows if r["defence"] == defence)
         lines.append(
@@ -115,42 +265,54 @@ def write_markdown(rows: Sequence[Mapping[str, Any]], path: Path, *, command: st
             f"{r['utility_rounds'] if r['utility_rounds'] is not None else '–'} |"
         )
     header = "| defence | attack | server | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact | success "
-    header += "| status |"
+    header += "| images | status |"
     for threat_model in dict.fromkeys(r["threat_model"] for r in rows):
         chosen = [r for r in rows if r["threat_model"] == threat_model]
         lines += [
             "",
             f"Threat model `{threat_model}` (leak point {chosen[0]['leak_point']}):",
             "",
+            rank_note(rows, threat_model),
+            "",
             header,
-            "|" + "---|" * 12,
+            "|" + "---|" * 13,
         ]
         for r in chosen:
-            values = [_cell(r, "test_accuracy", 3), _epsilon(r, epsilon_bound)]
-            values += [_cell(r, v, d) for v, d in (("psnr", 1), ("ssim", 3), ("lpips", 3), ("label_accuracy", 2))]
-            values += [_cell(r, "exact", 2), _cell(r, "success_rate", 2), r["status"]]
-            lines.append(f"| {r['defence']} | {r['attack']} | {r['server']} | " + " | ".join(values) + " |")
+            values = [_cell(r, "test_accuracy", 3), _epsilon(r, epsilon_bound), psnr_text(r)]
+            values += [_cell(r, v, d) for v, d in (("ssim", 3), ("lpips", 3), ("label_accuracy", 2))]
+            values += [_cell(r, "exact", 2), _cell(r, "success_rate", 2), str(r.get("images", "–")), r["status"]]
+            lines.append(
+                f"| {r['defence']} | {_attack_label(r, server=False)} | {r['server']} | " + " | ".join(values) + " |"
+            )
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
         f"Seeds per cell: {seeds}. Test accuracy and ε: the defence's utility run (the config's data, model and loop "
-        "settings); the attack scores: its short attack runs. Success: share of attacked events with SSIM ≥ the "
-        "config's success_ssim. Exact: share of the images behind an attacked update recovered at PSNR ≥ 30 dB. "
-        "Server: honest-but-curious (reads what it receives) or malicious (changed the model it ships, e.g. Robbing "
-        f"the Fed's imprint). ⚠: ε > {epsilon_bound:g} (epsilon_bound), a guarantee too weak to mean much.",
+        "settings), mean ± std over seeds; the attack scores: its short attack runs, the mean over the attacked images "
+        f"(images: how many, all seeds together) and its 95 % interval, bootstrapped over the images ({_RESAMPLES} "
+        "resamples, seed 0). PSNR: mean over the images whose PSNR is measured; '≥ 100 (capped, k of n)': k images "
+        "copied exactly (MSE 0, reported at the 100 dB cap), not averaged. Success: share of the attacked images at "
+        "SSIM ≥ the config's success_ssim; an attack breaks a model when its success is ≥ "
+        f"{BROKEN_SHARE:g}. prior_* rows (prior only): guesses from the attacker's public data (the test split) "
+        "that never read the images, the level an attack must beat. Exact: share of the images behind an attacked "
+        "update recovered at PSNR ≥ 30 dB (mean ± std over seeds). Server: honest-but-curious (reads what it "
+        "receives) or malicious (changed the model it ships, e.g. Robbing the Fed's imprint). "
+        f"⚠: ε > {epsilon_bound:g} (epsilon_bound), a guarantee too weak to mean much.",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def _attack_label(row: Mapping[str, Any]) -> str:
-    """An attack's name in the plots, with its threat model when the server is malicious."""
-    return row["attack"] + (", malicious server" if row.get("server") == "malicious" else "")
+def _attack_label(row: Mapping[str, Any], *, server: bool = True) -> str:
+    """An attack's name in tables and plots, with (``server``) its threat model when the server is malicious and a
+    mark on a prior-only baseline."""
+    suffix = ", malicious server" if server and row.get("server") == "malicious" else ""
+    return row["attack"] + suffix + (" (prior only)" if row.get("prior_only") else "")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points ``(attack PSNR, accuracy)`` that no other point beats on both (lower PSNR, higher
-    accuracy), ordered by PSNR.
+    """Indices of the points ``(attack score, accuracy)`` that no other point beats on both (a lower attack score,
+    a higher accuracy), ordered by attack score.
 
     Example:
         >>> pareto_front([(10.0, 0.5), (20.0, 0.9), (15.0, 0.4), (30.0, 0.95)])
@@ -175,6 +337,12 @@ def _spread(targets: Sequence[float], gap: float, low: float, high: float) -> li
     return placed
 
 
+FIGURE_WIDTH = 16.0
+"""Inches; at :data:`_DPI` every figure is 1600 px wide, two panels a line at most."""
+_DPI = 100
+_FONT = 10
+
+
 def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -184,90 +352,139 @@ def _figure(width: float, height: float) -> Any:
     return fig
 
 
-def write_scatter(rows: Sequence[Mapping[str, Any]], path: Path, *, epsilon_bound: float = 10.0) -> Path:
-    """Privacy–utility panels, one per threat model: each defence's test accuracy (its utility run) against the
-    PSNR of the strongest attack on it under that threat model; error bars = std over seeds.
+def _panels(count: int, height: float, *, extra: float = 0.0) -> tuple[Any, list[Any]]:
+    """A 1600 px wide figure with ``count`` panels, at most two a line, each ``height`` inches tall, and ``extra``
+    inches below them (a colour bar)."""
+    columns = min(2, count)
+    lines = math.ceil(count / columns)
+    fig = _figure(FIGURE_WIDTH, height * lines + extra)
+    axes = list(fig.subplots(lines, columns, squeeze=False).ravel())
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return fig, axes[:count]
 
-    Up and to the left is better (high accuracy, poor reconstructions); the Pareto front (no other defence has
-    both a lower attack PSNR and a higher accuracy) is the dashed line. Labels sit in a column beside the panel,
-    spread so that they never overlap, with a line to their point; ε above ``epsilon_bound`` is marked ⚠.
+
+def _strongest(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]]:
+    """Per defence, its row of the attack with the highest mean SSIM under ``threat_model`` (prior-only rows are
+    the guessing level, not an attack), among rows with an SSIM and a test accuracy."""
+    best = []
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+        scored = [r for r in scored if not r.get("prior_only") and r["ssim_mean"] is not None]
+        scored = [r for r in scored if r["test_accuracy_mean"] is not None]
+        if scored:
+            best.append(max(scored, key=lambda r: r["ssim_mean"]))
+    return best
+
+
+def _error(row: Mapping[str, Any], value: str) -> list[list[float]]:
+    """Asymmetric error bar (matplotlib's ``[[below], [above]]``) of a value's 95 % interval."""
+    mean, low, high = row[f"{value}_mean"], row.get(f"{value}_low"), row.get(f"{value}_high")
+    return [[mean - low if low is not None else 0.0], [high - mean if high is not None else 0.0]]
+
+
+def _privacy_panel(
+    ax: Any, rows: Sequence[Mapping[str, Any]], threat_model: str, epsilon_bound: float
+) -> list[Mapping[str, Any]]:
+    """Draw one threat model's panel of :func:`write_scatter` on ``ax``; returns the rows of its Pareto front."""
+    unreadable = [r["defence"] for r in rows if r["threat_model"] == threat_model and "readable" in r["status"]]
+    if unreadable:  # no reconstruction to score: the server read only ciphertexts
+        ax.text(
+            0.01,
+            0.01,
+            "nothing readable: " + ", ".join(dict.fromkeys(unreadable)),
+            transform=ax.transAxes,
+            fontsize=_FONT - 2,
+            color="0.3",
+        )
+    best = _strongest(rows, threat_model)
+    points = [(r["ssim_mean"], r["test_accuracy_mean"]) for r in best]
+    broken = breaking_attacks(rows, threat_model)
+    front = pareto_front(points) if broken else []  # no front over attacks that failed on the undefended model
+    for i, r in enumerate(best):
+        warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
+        ax.errorbar(
+            *points[i],
+            xerr=_error(r, "ssim"),
+            yerr=r["test_accuracy_std"] or 0.0,
+            marker="o",
+            color="tab:red" if warn else "tab:blue",
+            linestyle="none",
+            capsize=3,
+            markerfacecolor="white" if i not in front else None,
+        )
+    if len(front) > 1:
+        ax.plot(*zip(*(points[i] for i in front), strict=True), "--", color="grey", label="Pareto front")
+    bar = _success_bar(rows)
+    if bar is not None:
+        ax.axvline(bar, color="tab:red", linestyle="--", lw=1.2, label=f"success bar: SSIM ≥ {bar:g}")
+    guess = _guessing(rows, threat_model)
+    if guess is not None:
+        ax.axvline(guess["ssim_mean"], color="0.35", linestyle=":", lw=1.5, label=f"guessing ({guess['attack']})")
+    heading = f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'})"
+    if broken is None or not broken:  # said where the eye starts, in the panel's title
+        heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
+    ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred")
+    order = sorted(range(len(best)), key=lambda i: points[i][1])
+    heights = _spread([points[i][1] for i in order], gap=0.075, low=0.0, high=1.0)
+    for i, height in zip(order, heights, strict=True):
+        r = best[i]
+        label = f"{r['defence']} ({_attack_label(r)})"
+        if r["epsilon_mean"] is not None:
+            label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
+        ax.annotate(
+            label,
+            xy=points[i],
+            xytext=(1.02, height),
+            textcoords=("axes fraction", "data"),
+            fontsize=_FONT - 1.5,
+            va="center",
+            arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6},
+        )
+    ax.set_xlabel("SSIM of the strongest attack (95 % interval over images)", fontsize=_FONT)
+    ax.set_ylabel("test accuracy (utility run)", fontsize=_FONT)
+    ax.set_xlim(min([-0.02, *(x - 0.05 for x, _ in points)]), 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.tick_params(labelsize=_FONT - 1)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:  # a panel with no scores and no bar has nothing to list
+        ax.legend(fontsize=_FONT - 2, loc="lower left" if unreadable else "lower right")
+    return [best[i] for i in front]
+
+
+def write_scatter(
+    rows: Sequence[Mapping[str, Any]], path: Path, *, epsilon_bound: float = 10.0, title: str = ""
+) -> Path:
+    """Privacy–utility panels, one per threat model (two a line, 1600 px wide): each defence's test accuracy (its
+    utility run; error bar: std over seeds) against the SSIM of the strongest attack on it under that threat model
+    (error bar: its 95 % interval over images).
+
+    Up and to the left is better (high accuracy, poor reconstructions). Each panel draws the success bar
+    (``success_ssim``) and the guessing level (the best prior-only row) on the privacy axis. Where an attack breaks
+    the undefended model (:func:`breaking_attacks`), the Pareto front (no other defence has both a lower attack
+    SSIM and a higher accuracy) is the dashed line; where none does, the panel says :data:`CANNOT_RANK` and draws no
+    front. Labels sit in a column beside the panel, spread so that they never overlap, with a line to their point;
+    ε above ``epsilon_bound`` is marked ⚠. ``title`` (preset, budget, seeds) heads the figure.
     """
     threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
-    columns = min(2, len(threat_models))
-    lines = math.ceil(len(threat_models) / columns)
-    fig = _figure(6.4 * columns, 4.2 * lines)
-    axes = fig.subplots(lines, columns, squeeze=False).ravel()
-    for ax in axes[len(threat_models) :]:
-        ax.set_visible(False)
-    for ax, threat_model in zip(axes, threat_models, strict=False):
-        unreadable = [r["defence"] for r in rows if r["threat_model"] == threat_model and "readable" in r["status"]]
-        if unreadable:  # no reconstruction to score: the server read only ciphertexts
-            ax.text(
-                0.02,
-                0.02,
-                "nothing readable: " + ", ".join(dict.fromkeys(unreadable)),
-                transform=ax.transAxes,
-                fontsize=7,
-                color="0.3",
-            )
-        best: list[Mapping[str, Any]] = []
-        for defence in dict.fromkeys(r["defence"] for r in rows):
-            scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
-            scored = [r for r in scored if r["psnr_mean"] is not None and r["test_accuracy_mean"] is not None]
-            if scored:
-                best.append(max(scored, key=lambda r: r["psnr_mean"]))
-        points = [(r["psnr_mean"], r["test_accuracy_mean"]) for r in best]
-        front = pareto_front(points)
-        for i, r in enumerate(best):
-            warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
-            ax.errorbar(
-                *points[i],
-                xerr=r["psnr_std"] or 0.0,
-                yerr=r["test_accuracy_std"] or 0.0,
-                marker="o",
-                color="tab:red" if warn else "tab:blue",
-                linestyle="none",
-                capsize=3,
-                markerfacecolor="white" if i not in front else None,
-            )
-        if len(front) > 1:
-            ax.plot(*zip(*(points[i] for i in front), strict=True), "--", color="grey", label="Pareto front")
-            ax.legend(fontsize=7, loc="lower right")
-        order = sorted(range(len(best)), key=lambda i: points[i][1])
-        heights = _spread([points[i][1] for i in order], gap=0.06, low=0.0, high=1.0)
-        for i, height in zip(order, heights, strict=True):
-            r = best[i]
-            label = f"{r['defence']} ({_attack_label(r)})"
-            if r["epsilon_mean"] is not None:
-                label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
-            ax.annotate(
-                label,
-                xy=points[i],
-                xytext=(1.02, height),
-                textcoords=("axes fraction", "data"),
-                fontsize=7,
-                va="center",
-                arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6},
-            )
-        ax.set_xlabel("PSNR (dB) of the strongest attack")
-        ax.set_ylabel("test accuracy (utility run)")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.set_title(f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'})", fontsize=9)
-    fig.suptitle(f"privacy–utility per threat model; filled: Pareto front; red ⚠: ε > {epsilon_bound:g}", fontsize=9)
-    fig.savefig(path, dpi=100)
+    fig, axes = _panels(len(threat_models), 5.6)
+    for ax, threat_model in zip(axes, threat_models, strict=True):
+        _privacy_panel(ax, rows, threat_model, epsilon_bound)
+    head = f"privacy–utility per threat model{': ' + title if title else ''}"
+    fig.suptitle(f"{head}\nfilled: Pareto front; red ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
     return path
 
 
-def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Attack success heatmap: attacks × defences, one panel per threat model, the success rate in each cell."""
+def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path:
+    """Attack success heatmap: attacks × defences, the success rate in each cell; one panel per threat model, two a
+    line, 1600 px wide; ``title`` (preset, budget, seeds) heads the figure."""
     threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
     attacks = list(dict.fromkeys(_attack_label(r) for r in rows))
     defences = list(dict.fromkeys(r["defence"] for r in rows))
-    label_width = 0.07 * max(len(a) for a in attacks)  # every panel repeats the attack names
-    fig = _figure((0.55 * len(defences) + label_width) * len(threat_models) + 1.5, 0.45 * len(attacks) + 2.2)
+    fig, axes = _panels(len(threat_models), 0.42 * len(attacks) + 0.09 * max(len(d) for d in defences) + 1.2, extra=0.8)
     image = None
-    for ax, threat_model in zip(fig.subplots(1, len(threat_models), squeeze=False)[0], threat_models, strict=True):
+    for ax, threat_model in zip(axes, threat_models, strict=True):
         grid = [[math.nan] * len(defences) for _ in attacks]
         for r in rows:
             if r["threat_model"] == threat_model and r["success_rate_mean"] is not None:
@@ -276,14 +493,18 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         for a, line in enumerate(grid):
             for d, value in enumerate(line):
                 colour = "white" if value > 0.6 else "black"  # readable on dark cells; NaN compares False
-                text = "" if math.isnan(value) else f"{value:.1f}"
-                ax.text(d, a, text, ha="center", va="center", fontsize=6, color=colour)
-        ax.set_xticks(range(len(defences)), defences, rotation=60, ha="right", fontsize=7)
-        ax.set_yticks(range(len(attacks)), attacks, fontsize=7)
-        ax.set_title(threat_model, fontsize=9)
+                text = "" if math.isnan(value) else f"{value:.2f}"
+                ax.text(d, a, text, ha="center", va="center", fontsize=_FONT - 2, color=colour)
+        ax.set_xticks(range(len(defences)), defences, rotation=50, ha="right", fontsize=_FONT - 1)
+        ax.set_yticks(range(len(attacks)), attacks, fontsize=_FONT - 1)
+        broken = breaking_attacks(rows, threat_model)
+        ax.set_title(threat_model + ("" if broken else " (cannot rank: undefended model not broken)"), fontsize=_FONT)
     if image is not None:
-        fig.colorbar(image, ax=fig.axes, label="attack success rate (empty: not run)")
-    fig.savefig(path, dpi=100)
+        bar = fig.colorbar(image, ax=axes, location="bottom", shrink=0.5, aspect=40)
+        bar.set_label("attack success rate (share of images; empty: not run)", fontsize=_FONT)
+        bar.ax.xaxis.set_label_position("top")  # above the bar: constrained layout leaves no room below it
+    fig.suptitle(f"attack success per threat model{': ' + title if title else ''}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
     return path
 
 

@@ -136,6 +136,7 @@ def run_bench(
     command: str = "lightning-fl bench",
     wandb_project: str | None = None,
     report_only: bool = False,
+    title: str | None = None,
     print_: Callable[[str], None] = _PRINT,
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
@@ -154,7 +155,8 @@ def run_bench(
     utility and attack runs in that many worker processes.
 
     With ``report_only`` nothing runs: the report is written from the runs finished so far (a stopped bench's
-    partial table), and the number of cells it lacks is printed.
+    partial table), and the number of cells it lacks is printed. ``title`` heads the plots and the table (preset
+    and budget); the seeds are added to it.
 
     Returns:
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
@@ -247,12 +249,14 @@ def run_bench(
     rows = report.summarise([results[c.key] for c in grid if c.key in results], utility)
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))
+    seeds = f"seed{'s' if len(settings['seeds']) > 1 else ''} {', '.join(map(str, settings['seeds']))}"
+    title = f"{title}, {seeds}" if title else seeds
     pictures = [
-        report.write_scatter(rows, output_dir / "privacy_utility.png", epsilon_bound=bound),
-        report.write_heatmap(rows, output_dir / "heatmap.png"),
+        report.write_scatter(rows, output_dir / "privacy_utility.png", epsilon_bound=bound, title=title),
+        report.write_heatmap(rows, output_dir / "heatmap.png", title=title),
     ]
     report.write_csv(rows, output_dir / "bench.csv")
-    report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound)
+    report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound, title=title)
     if wandb_project is not None:
         report.log_to_wandb(rows, pictures, project=wandb_project, output_dir=output_dir)
     print_(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import warnings
 
 import pytest
@@ -69,7 +70,11 @@ def test_score_reconstruction_is_order_invariant() -> None:
     perm = torch.tensor([2, 0, 1])
     ordered = M.score_reconstruction(Reconstruction(preds, labels), truth)
     shuffled = M.score_reconstruction(Reconstruction(preds[perm], labels[perm]), truth)
+    per_image, shuffled_per_image = ordered.pop("per_image"), shuffled.pop("per_image")
     assert ordered == pytest.approx(shuffled)
+    for metric in ("psnr", "ssim"):  # listed in ground-truth order, whatever the order of the reconstructions
+        assert per_image[metric] == pytest.approx(shuffled_per_image[metric])
+        assert statistics.fmean(per_image[metric]) == pytest.approx(ordered[metric])
     assert ordered["label_accuracy"] == 1.0
 
 
@@ -119,3 +124,28 @@ def test_lpips_is_null_with_one_warning_when_weights_are_absent() -> None:
 def test_metrics_reject_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match=r"same shape \(N, C, H, W\), got \(1, 1, 4, 4\) and \(1, 1, 4, 5\)"):
         M.psnr(torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 4, 5))
+
+
+def test_bootstrap_interval_of_a_normal_mean_has_the_textbook_width_and_coverage() -> None:
+    """Known case: the mean of n draws of N(0, 1) has standard error 1/sqrt(n), so a 95 % interval spans about
+    2 x 1.96 / sqrt(n) and covers the true mean 0 in about 95 % of samples (the percentile bootstrap a little less
+    at small n)."""
+    sample = torch.randn(400, generator=torch.Generator().manual_seed(0))
+    mean, low, high = M.bootstrap_interval(sample)
+    assert mean == pytest.approx(float(sample.double().mean())) and low < mean < high
+    assert high - low == pytest.approx(2 * 1.96 / 400**0.5, rel=0.15)
+    covered = 0
+    for seed in range(200):
+        _, low, high = M.bootstrap_interval(torch.randn(100, generator=torch.Generator().manual_seed(seed)), seed=seed)
+        covered += low <= 0.0 <= high
+    assert 0.88 <= covered / 200 <= 0.99
+    assert M.bootstrap_interval(sample, seed=3) == M.bootstrap_interval(sample, seed=3)  # seeded
+
+
+@pytest.mark.parametrize(
+    ("values", "kwargs", "match"),
+    [([], {}, "at least one"), ([1.0, float("inf")], {}, "finite"), ([1.0], {"confidence": 1.0}, "confidence")],
+)
+def test_bootstrap_interval_refuses_what_it_cannot_resample(values, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        M.bootstrap_interval(values, **kwargs)

@@ -174,3 +174,34 @@ def test_dp_attack_runs_fix_the_threat_models_batch_while_utility_runs_keep_pois
         assert utility["privacy"][component]["sampling"] == "poisson" and rows[defence]["epsilon_mean"] > 0
         assert attack["privacy"][component]["sampling"] == FIXED_BATCHES
         assert [a["ground_truth_size"] for a in attack["attacks"]] == [8]
+
+
+def test_the_prior_only_baseline_is_a_row_that_reads_no_images_and_scores_at_guessing_level(tmp_path) -> None:
+    """The calibration row (issue 30, item 4): guesses from the test split, read against a real attack."""
+    prior = {"class_path": "lightning_fl.attacks.PriorBaseline"}
+    grid = {
+        **MINI,
+        "attack_run": {**MINI["attack_run"], "loop": {**MINI["attack_run"]["loop"], "clients_per_round": 2}},
+        "threat_models": {"fedsgd_b1": _B1},
+        "attacks": {
+            "ig": _IG,
+            "prior_mean": {**prior, "init_args": {"guess": "mean"}},
+            "prior_class": {**prior, "init_args": {"guess": "class_sample"}},
+        },
+        "defences": {"none": {}},
+    }
+    rows = {r["attack"]: r for r in run_bench(grid, tmp_path, print_=lambda _: None)}
+    assert all(r["status"] == "ok" and r["images"] == 2 for r in rows.values()), rows
+    assert [a for a, r in rows.items() if r["prior_only"]] == ["prior_mean", "prior_class"]
+    cell = json.loads((tmp_path / "cells" / "none__prior_class__fedsgd_b1__s0.json").read_text())
+    for name in ("prior_mean", "prior_class"):  # guessing: never a copy, far below the attack that reads the update
+        scores = rows[name]
+        assert scores["psnr_high"] < 20.0 and scores["psnr_capped"] == 0 and scores["ssim_high"] < 0.9
+        assert scores["psnr_mean"] < rows["ig"]["psnr_mean"] - 8.0
+    assert rows["prior_class"]["label_accuracy_mean"] == 1.0 and rows["prior_mean"]["label_accuracy_mean"] is None
+    assert len(cell["images"]["ssim"]) == 2  # per-image scores, what the intervals resample
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| none | prior_class (prior only) |" in markdown and "Guessing from public data" in markdown
+    assert "The undefended model is broken here (share of images at SSIM ≥ 0.5): ig (1.00)" in markdown
+    guessing_passes = max(rows[n]["success_rate_mean"] for n in ("prior_mean", "prior_class")) > 0
+    assert guessing_passes == ("does not tell an attack from a guess" in markdown)  # said whenever it happens

@@ -33,11 +33,13 @@ def test_malicious_server_and_analytic_rows_per_defence_with_their_own_runs(tmp_
     attacks, threats = ("robbing_the_fed", "analytic"), ("fedsgd_b1", "fedsgd_b8", "fedavg_b2_s4")
     assert set(rows) == {(d, a, t) for d in ("none", "fed_cdp") for a in attacks for t in threats}
     rtf = rows["none", "robbing_the_fed", "fedsgd_b8"]  # Fowl et al. (2022): the batch copied out, one per bin
-    assert rtf["server"] == "malicious" and rtf["exact_mean"] >= 0.75 and rtf["psnr_mean"] > 30.0
+    assert rtf["server"] == "malicious" and rtf["exact_mean"] >= 0.75 and rtf["psnr_capped"] >= 1  # exact copies
+    assert rtf["psnr_mean"] is None or rtf["psnr_mean"] > 30.0  # the rest: the mean of the measured PSNRs
     # 4 SGD steps: the share is of the 8 images behind the update, not of the client's whole set (the ground truth)
     assert rows["none", "robbing_the_fed", "fedavg_b2_s4"]["exact_mean"] >= 0.75
     analytic = rows["none", "analytic", "fedsgd_b1"]  # Phong et al. (2017): one image's MLP gradient is a copy
-    assert analytic["server"] == "honest-but-curious" and analytic["psnr_mean"] > 60.0 and analytic["exact_mean"] == 1
+    assert analytic["server"] == "honest-but-curious" and analytic["exact_mean"] == 1
+    assert analytic["psnr_mean"] is None or analytic["psnr_mean"] > 60.0  # None: every image at the 100 dB cap
     assert rows["fed_cdp", "robbing_the_fed", "fedsgd_b8"]["exact_mean"] == 0.0  # per-example noise at the default gain
     assert (tmp_path / "runs" / "none__fedsgd_b8__s0__robbing_the_fed").is_dir()
     assert (tmp_path / "runs" / "none__fedsgd_b8__s0__analytic").is_dir()
