@@ -38,7 +38,7 @@ from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.model_contract import check_model_takes_inputs, check_train_loss_key
-from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
+from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir, record_written
 from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
@@ -155,6 +155,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
             return summary
         rounds = str(summary["rounds_completed"])
         save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
+        record_written(output_dir, GLOBAL_MODEL_FILE)  # written after the lock: one of the run's files all the same
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
         if loop.vectorised.decision is not None:
             print(

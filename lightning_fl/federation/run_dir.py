@@ -35,6 +35,7 @@ __all__ = [
     "clear_run_dir",
     "holds_run",
     "open_run_dir",
+    "record_written",
     "run_outputs",
     "written_entries",
 ]
@@ -234,6 +235,24 @@ def written_entries(output_dir: str | Path) -> list[str]:
     if isinstance(record.get("before"), list):
         written |= now - set(record["before"])
     return sorted(written & now)
+
+
+def record_written(output_dir: str | Path, *names: str) -> None:
+    """Add ``names`` (paths relative to ``output_dir``) to the run's record of what it wrote, for files a run writes
+    after it released its lock (the exported global model); nothing to do where the run kept no record.
+
+    Example:
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> _write_record(run, written=[], before=None)
+        >>> _ = (run / "global_model.safetensors").write_bytes(b"")
+        >>> record_written(run, "global_model.safetensors"); written_entries(run)
+        ['global_model.safetensors']
+    """
+    root = Path(output_dir)
+    record = _read_record(root)
+    if record is not None:
+        _write_record(root, written=sorted({*written_entries(root), *names}), before=record.get("before"))
 
 
 def _through_symlink(root: Path, relative: str) -> bool:
