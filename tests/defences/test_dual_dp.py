@@ -96,16 +96,3 @@ def test_a_resume_with_more_rounds_never_spends_past_the_target(tmp_path: Path) 
     with pytest.raises(ValueError, match=r"round 1 would bring the cumulative epsilon \(worst case over clients\)"):
         resumed.fit(resume=True)
     assert resumed.round_idx == 1  # refused before round 1 trained
-
-
-def test_the_budget_check_counts_the_rounds_before_a_resume(tmp_path: Path) -> None:
-    bundle, budget = DualDPFL(target_epsilon=None, noise_multiplier=1.0, sensitivity=0.01), PrivacyBudget(3.0)
-    _loop(tmp_path, [bundle], [budget], num_rounds=20).fit()
-    resumed = _loop(
-        tmp_path,
-        [DualDPFL(target_epsilon=None, noise_multiplier=1.0, sensitivity=0.01)],
-        [PrivacyBudget(3.0)],
-        num_rounds=20,
-    )
-    with pytest.raises(ValueError, match=r"would bring the cumulative epsilon from [1-9]"):
-        resumed.fit(resume=True)

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -42,7 +43,7 @@ def _starter(run: str, trials: int, barrier, overlaps, holds) -> None:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
             holds.value += 1
-            os.sched_yield()
+            time.sleep(0.005)  # hold long enough for a second holder to meet the marker
             os.unlink(marker)
         except FileExistsError:
             overlaps.value += 1

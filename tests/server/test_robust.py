@@ -9,10 +9,11 @@ import torch
 from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
 
 from lightning_fl import ClientUpdate, CoordinateMedian, Krum, NormBounding, TrimmedMean
-from lightning_fl.contexts import FederationSpec, SetupContext
+from lightning_fl.contexts import SetupContext
 from lightning_fl.defences import PaillierEncryption, SecAggMasking
 from lightning_fl.federation.composition import check_robust_reads_plaintext
 from lightning_fl.server import bound_norms, coordinate_median, krum_scores, multi_krum, trimmed_mean, update_norms
+from tests.conftest import plugin_context
 
 SHAPES = {"conv.weight": (3, 2, 2), "conv.bias": (3,), "fc.weight": (4, 5)}
 
@@ -110,16 +111,7 @@ def test_a_robust_aggregator_with_encryption_is_a_config_error(transform) -> Non
 
 
 def _setup(clients_per_round: int) -> SetupContext:
-    spec = FederationSpec(
-        num_clients=10,
-        clients_per_round=clients_per_round,
-        num_rounds=1,
-        local_epochs=1,
-        local_steps=None,
-        seed=0,
-        batch_size=8,
-        num_train_samples=(8,) * 10,
-    )
+    spec = plugin_context(num_clients=10, clients_per_round=clients_per_round).spec
     return SetupContext(spec=spec, datamodule=None, global_model=None)
 
 
