@@ -38,7 +38,7 @@ from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.model_contract import check_model_takes_inputs, check_train_loss_key
-from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir
+from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir, record_written
 from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.validation import (
@@ -48,6 +48,7 @@ from lightning_fl.validation import (
     check_learning_rate,
     check_num_rounds,
     check_output_dir,
+    check_private_state_stays_local,
     check_resume,
     check_seed,
     check_trainer_options,
@@ -102,8 +103,8 @@ def _saved_config(cfg: Namespace) -> Namespace:
 
 def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
     """Build and check everything of a fit run; the returned call trains and is the first to write."""
+    check_output_dir(cfg.output_dir)
     output_dir, rank = Path(cfg.output_dir), launched_rank()  # a DDP rank shares its launcher's directory
-    check_output_dir(output_dir)
     if not rank:
         check_run_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     init = _instantiate(parser, cfg)
@@ -117,6 +118,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
+    check_private_state_stays_local(loop.global_model, cfg.loop.trainer, loop.client_callbacks)
     check_workers(
         loop.workers,
         trainer_options=loop.process_options,
@@ -144,7 +146,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         try:
             if not rank:
                 if cfg.overwrite:
-                    clear_run_dir(output_dir, keep=loop.lock.path)
+                    clear_run_dir(output_dir)
                 parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
             summary = loop.fit(resume=cfg.resume)
         finally:
@@ -153,6 +155,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
             return summary
         rounds = str(summary["rounds_completed"])
         save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE, metadata={"rounds_completed": rounds})
+        record_written(output_dir, GLOBAL_MODEL_FILE)  # written after the lock: one of the run's files all the same
         print(f"rounds completed: {summary['rounds_completed']}, test accuracy: {summary['test_accuracy']}")
         if loop.vectorised.decision is not None:
             print(
@@ -171,8 +174,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
 
     from lightning_fl.attacks.standalone import check_attack_run, run_attack
 
+    check_output_dir(cfg.output_dir)
     output_dir = Path(cfg.output_dir)
-    check_output_dir(output_dir)
     check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
     apply_defences(init.model, init.defences)
@@ -184,7 +187,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     def attack() -> dict[str, Any]:
         try:
             if cfg.overwrite:
-                clear_run_dir(output_dir, keep=lock.path)
+                clear_run_dir(output_dir)
             saved = cfg.clone()
             saved.overwrite = False
             parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)

@@ -32,6 +32,7 @@ __all__ = [
     "check_num_rounds",
     "check_output_dir",
     "check_positive",
+    "check_private_state_stays_local",
     "check_resume",
     "check_seed",
     "check_trainer_options",
@@ -215,6 +216,39 @@ def check_trainer_options(options: Mapping[str, Any], *, key: str = "loop.traine
         raise ValueError(f"{key}={dict(options)} is rejected by lightning.Trainer: {reason}") from None
 
 
+def check_private_state_stays_local(
+    model: torch.nn.Module, trainer: Mapping[str, Any] | None, client_callbacks: Sequence[Any] = ()
+) -> None:
+    """Refuse client Trainer options that would write a client's model, private state included, outside the
+    client's own storage: Lightning's checkpointing and loggers (``loop.trainer``) and checkpoint callbacks
+    (``loop.client_callbacks``), when the model holds private state (a key lock, a passport).
+
+    The loop stores each client's private state in ``clients/`` itself; a Trainer's ``lightning_logs/`` would hold
+    the same keys in the working directory, where the server side reads.
+
+    Raises:
+        ValueError: naming the option, a private key and the fix.
+
+    Example:
+        >>> check_private_state_stays_local(torch.nn.Linear(1, 1), {"enable_checkpointing": True})
+    """
+    from lightning.pytorch.callbacks import Checkpoint
+
+    from lightning_fl.private import private_state
+
+    private = sorted(private_state(model))
+    if not private:
+        return
+    writers = [f"loop.trainer.{name}" for name in ("enable_checkpointing", "logger") if (trainer or {}).get(name)]
+    writers += [f"loop.client_callbacks[{type(cb).__name__}]" for cb in client_callbacks if isinstance(cb, Checkpoint)]
+    if writers:
+        raise ValueError(
+            f"{writers[0]} would write each client's model with its private state ({private[0]!r}"
+            f"{f' and {len(private) - 1} more' if len(private) > 1 else ''}) outside the client's storage; remove it "
+            "(the loop keeps every client's private state in clients/ and checkpoints every round itself)."
+        )
+
+
 def _check_accelerator(name: Any, *, key: str) -> None:
     """A named accelerator must be present on this machine (``gpu`` means CUDA or MPS, as in Lightning)."""
     from lightning.pytorch.accelerators import AcceleratorRegistry
@@ -307,11 +341,21 @@ def check_output_dir(path: str | Path, *, key: str = "output_dir") -> None:
     """Check that ``path`` is, or can be created as, a writable directory, without creating it.
 
     Raises:
-        ValueError: if ``path`` or one of its parents is a file, or the nearest existing directory is read-only.
+        ValueError: if ``path`` is empty (it would write into the current directory), ``path`` or one of its
+            parents is a file, or the nearest existing directory is read-only.
 
     Example:
         >>> check_output_dir("runs/example")
+        >>> check_output_dir("")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: output_dir='' is empty, which would write the run into the current directory; ...
     """
+    if not str(path).strip():
+        raise ValueError(
+            f"{key}={str(path)!r} is empty, which would write the run into the current directory; give a directory "
+            "path such as runs/my-run (or '.' to mean the current directory)."
+        )
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{key}={str(path)!r} is a file, not a directory; choose a directory path.")

@@ -165,6 +165,7 @@ def run_attacks(
         ``success_ssim``), the cell's share of the run's CPU seconds and a status.
     """
     from lightning_fl.federation.export import load_global_model
+    from lightning_fl.federation.run_dir import holds_run
 
     start = time.process_time()
     output_dir = Path(output_dir)
@@ -172,7 +173,7 @@ def run_attacks(
         loop, leakages = attack_loop(specs, output_dir)
         if trained is not None:
             load_global_model(loop.global_model, trained)
-        summary = loop.fit()
+        summary = loop.fit(overwrite=holds_run(output_dir))  # a cell run again with other settings replaces its run
     share = (time.process_time() - start) / len(specs)
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):

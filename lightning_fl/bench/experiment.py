@@ -170,10 +170,12 @@ def fit_spec(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     fit`` writes it) and ``warnings.txt``.
     """
     from lightning_fl.federation.export import GLOBAL_MODEL_FILE, save_global_model
+    from lightning_fl.federation.run_dir import holds_run, record_written
 
     output_dir = Path(output_dir)
     with recorded_warnings(output_dir / "warnings.txt"):
         loop = build_loop(spec, output_dir)
-        summary = loop.fit()
+        summary = loop.fit(overwrite=holds_run(output_dir))  # a cell run again with other settings replaces its run
     save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE)
+    record_written(output_dir, GLOBAL_MODEL_FILE)
     return summary

@@ -55,11 +55,14 @@ class PrivacyBudget(FederatedCallback):
 
     @override
     def on_fit_start(self, federation: FederationView) -> None:
-        first = sum(ledger.epsilon_projected(federation.spec) for ledger in self.ledgers(federation))
-        if federation.round_idx < federation.num_rounds and first > self.target_epsilon:
+        ledgers = self.ledgers(federation)
+        projected = sum(ledger.epsilon_projected(federation.spec) for ledger in ledgers)
+        if federation.round_idx < federation.num_rounds and projected > self.target_epsilon:
+            spent = sum(ledger.epsilon_spent() for ledger in ledgers)
             raise ValueError(
-                f"PrivacyBudget(target_epsilon={self.target_epsilon}): the next round alone would reach "
-                f"epsilon={first:.4g}; raise the budget or the noise."
+                f"PrivacyBudget(target_epsilon={self.target_epsilon}): round {federation.round_idx} would bring the "
+                f"cumulative epsilon from {spent:.4g} to {projected:.4g}; raise the budget or the noise "
+                "(a resumed run counts every round since its start)."
             )
 
     @override

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,16 @@ from lightning_fl.private import load_state_into, public_state
 if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
 
-__all__ = ["FORMAT", "Checkpoint", "RunParts", "atomic_write", "check_format", "fingerprint_changes", "held_signals"]
+__all__ = [
+    "FORMAT",
+    "Checkpoint",
+    "RunParts",
+    "atomic_write",
+    "check_format",
+    "check_regular_file",
+    "fingerprint_changes",
+    "held_signals",
+]
 
 FORMAT = 2
 """Version of what a run directory stores: the manifest's layout, its fingerprint's keys and the server file's
@@ -79,6 +89,25 @@ def atomic_write(path: Path, data: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse a path that exists but is not a regular file: reading a named pipe blocks until someone writes to it.
+
+    Raises:
+        ValueError: naming the path and the fix.
+
+    Example:
+        >>> check_regular_file(Path("/dev/null"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: '/dev/null' is not a regular file (a named pipe, device or folder); ...
+    """
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        raise ValueError(
+            f"{str(path)!r} is not a regular file (a named pipe, device or folder); a checkpoint is never one: "
+            "remove it, or start the run again with another --output_dir."
+        )
 
 
 def _serialise(obj: Any) -> bytes:
@@ -201,6 +230,7 @@ class Checkpoint:
         """
         if not self.manifest_path.exists():
             return None
+        check_regular_file(self.manifest_path)
         try:
             manifest = json.loads(self.manifest_path.read_text())
             version = manifest.get("format")
@@ -336,6 +366,7 @@ class Checkpoint:
                 f"checkpoint {str(path)!r} named by the manifest is missing; the run cannot resume: put the file "
                 f"back, or start the run again with another --output_dir (or --overwrite true)."
             )
+        check_regular_file(path)
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(

@@ -12,9 +12,17 @@ from typing import Any
 
 from lightning_fl.callbacks.privacy_budget import PrivacyBudget
 from lightning_fl.defences.secure_aggregation.protocol import PaillierEncryption, SecureFedAvg
+from lightning_fl.defences.secure_aggregation.secagg import SecAggMasking
 from lightning_fl.privacy.accounting import PrivacyLedger
+from lightning_fl.server.robust import RobustAggregator
 
-__all__ = ["check_budget_has_ledger", "check_composition", "check_encryption_last", "check_secure_aggregation"]
+__all__ = [
+    "check_budget_has_ledger",
+    "check_composition",
+    "check_encryption_last",
+    "check_robust_reads_plaintext",
+    "check_secure_aggregation",
+]
 
 
 def _chain(transforms: Sequence[Any]) -> str:
@@ -63,6 +71,26 @@ def check_secure_aggregation(aggregator: Any, client_transforms: Sequence[Any]) 
         )
 
 
+def check_robust_reads_plaintext(aggregator: Any, client_transforms: Sequence[Any]) -> None:
+    """A :class:`~lightning_fl.server.RobustAggregator` compares the clients' plaintext updates; encryption
+    (Paillier, secure aggregation masks) hides them, so the two cannot be combined.
+
+    Raises:
+        ValueError: naming the aggregator, the encrypting transform and the two ways out.
+
+    Example:
+        >>> from lightning_fl.server import TrimmedMean
+        >>> check_robust_reads_plaintext(TrimmedMean(), [])
+    """
+    hiding = [t for t in client_transforms if isinstance(t, PaillierEncryption | SecAggMasking)]
+    if isinstance(aggregator, RobustAggregator) and hiding:
+        raise ValueError(
+            f"loop.aggregator={type(aggregator).__name__} compares the clients' plaintext updates, but "
+            f"{type(hiding[0]).__name__} encrypts them; drop the encryption or use its own aggregator "
+            "(docs/architecture.md, 'What the server checks', says which checks remain under encryption)."
+        )
+
+
 def check_budget_has_ledger(callbacks: Sequence[Any], components: Sequence[Any]) -> None:
     """A :class:`PrivacyBudget` needs a privacy ledger (a DP defence) to read the spent epsilon from.
 
@@ -88,4 +116,5 @@ def check_composition(
     """
     check_encryption_last(client_transforms)
     check_secure_aggregation(aggregator, client_transforms)
+    check_robust_reads_plaintext(aggregator, client_transforms)
     check_budget_has_ledger(callbacks, components)

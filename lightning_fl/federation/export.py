@@ -44,9 +44,9 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
     """Load a :func:`save_global_model` file into ``model`` in place; its private layers keep their own values.
 
     Raises:
-        FileNotFoundError: when ``path`` does not exist.
-        ValueError: when the file is not a safetensors file, or its tensors do not match the model's public state
-            (names the keys and the fix).
+        FileNotFoundError: when ``path`` does not exist or is not a regular file (a named pipe would block).
+        ValueError: when the file is not a safetensors file, its tensors do not match the model's public state
+            (names the keys and the fix), or a weight is NaN or infinite.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -54,6 +54,7 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
     path = Path(path)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        what = "is not a regular file (a named pipe or device)" if path.exists() and not path.is_dir() else what
         raise FileNotFoundError(
             f"ckpt_path={str(path)!r} {what}; pass the {GLOBAL_MODEL_FILE} that lightning-fl fit writes."
         )
@@ -73,6 +74,12 @@ def load_global_model(model: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(
             f"{path} does not fit the configured model (missing {missing[:3]}, unknown {unknown[:3]}, shape "
             f"mismatch {shapes[:3]}); use the config (model:, defences:, data.image_size) the run was trained with."
+        )
+    broken = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all()))
+    if broken:
+        raise ValueError(
+            f"{path} holds non-finite weights (NaN or inf) in {broken[:3]}{' and more' if len(broken) > 3 else ''}: "
+            "the run diverged; evaluate a checkpoint of an earlier round, or lower the learning rate and train again."
         )
     load_state_into(model, state)
     return model

@@ -39,6 +39,7 @@ from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.round_loop import RoundLoop
+from lightning_fl.federation.run_dir import open_run_dir
 from lightning_fl.federation.run_lock import RunLock
 from lightning_fl.federation.server_round import ServerStep, apply_global_state
 from lightning_fl.federation.trainers import trainer_options
@@ -371,8 +372,12 @@ class FederatedLoop:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume
 
-    def fit(self, *, resume: bool = False, pool: ClientPool | None = None) -> dict[str, Any]:
+    def fit(self, *, resume: bool = False, overwrite: bool = False, pool: ClientPool | None = None) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last committed round.
+
+        As the ``lightning-fl fit`` command: into a directory that holds a run, a fresh fit raises unless it
+        continues it (``resume``) or replaces it (``overwrite``: the files that run wrote are deleted, other files
+        are kept; see :mod:`lightning_fl.federation.run_dir`).
 
         The clients train in this process, or in the pool chosen once for this fit: ``pool`` when given (Flower's
         SuperNodes), else ``loop.workers`` processes, Ray actors or the DDP ranks.
@@ -385,6 +390,10 @@ class FederatedLoop:
 
         Returns:
             the summary (also written to ``output_dir/summary.json``).
+
+        Raises:
+            ValueError: when ``output_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set, or both are.
+            RuntimeError: when another live run holds ``output_dir``.
         """
         self.prepare(resume=resume, pool=pool)
         ranks = launch(self.process_options) if self.ranks > 1 else None
@@ -394,7 +403,7 @@ class FederatedLoop:
             serve(self.runner, ranks)  # trains the clients rank 0 sends; writes nothing
             return {}
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.lock.acquire()  # after the launch: the other ranks' prepare() checked the lock before it
+        open_run_dir(self.lock, resume=resume, overwrite=overwrite)  # after the launch: ranks checked the lock
         try:
             if resume:
                 self.checkpoint.remove_uncommitted()

@@ -2,24 +2,43 @@
 
 A run directory holds a run once it has its config, a committed round or a summary (:data:`RUN_MARKERS`), whether
 ``fit`` or ``attack`` wrote it. A new run into such a directory must say what to do with it: continue it
-(``resume``, ``fit`` only), or replace it (``overwrite``, which deletes the files a run writes,
-:data:`RUN_OUTPUTS`, and keeps any other file: a user's notes, another tool's output). :func:`claim_run_dir`
-decides under the run lock, so of several runs started at once on one directory exactly one proceeds and the
-others write nothing.
+(``resume``, ``fit`` only), or replace it (``overwrite``). :func:`claim_run_dir` decides under the run lock, so of
+several runs started at once on one directory exactly one proceeds and the others write nothing.
+
+A run records which entries of its directory it wrote, in :data:`RUN_RECORD`: when it takes the lock it notes what
+is already there, and when it releases the lock it adds every entry that appeared since (a run killed before that
+is accounted for by the next start, from the noted entries). ``overwrite`` deletes exactly the recorded entries: a
+user's notes, plots and W&B runs, a project's own ``config.yaml``, survive, a symlink is removed as a link and never
+followed, and a directory is removed only when the run created it and nothing else is left in it. A directory
+that holds a run but no record (written by an older lightning-fl, or not a run at all) is not overwritten.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import shutil
+import json
+import os
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from lightning_fl.federation.checkpoint import Checkpoint
+from lightning_fl.federation.checkpoint import Checkpoint, atomic_write
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE
 from lightning_fl.federation.run_lock import RunLock
 
-__all__ = ["RUN_MARKERS", "RUN_OUTPUTS", "check_run_dir", "claim_run_dir", "clear_run_dir", "holds_run", "run_outputs"]
+__all__ = [
+    "RUN_MARKERS",
+    "RUN_OUTPUTS",
+    "RUN_RECORD",
+    "check_run_dir",
+    "claim_run_dir",
+    "clear_run_dir",
+    "holds_run",
+    "open_run_dir",
+    "record_written",
+    "run_outputs",
+    "written_entries",
+]
 
 RUN_MARKERS = ("config.yaml", "manifest.json", "summary.json")
 """Files a lightning-fl run writes first (its config), per committed round (manifest) and per round (summary)."""
@@ -35,8 +54,12 @@ RUN_OUTPUTS: dict[str, tuple[str, ...]] = {
     "wandb": ("offline-run-*", "run-*", "latest-run", "debug.log", "debug-internal.log"),
 }
 """What a ``fit`` or ``attack`` run writes: per folder of the run directory, fnmatch patterns of its entries (the
-server and client checkpoints, the CSV logs, the attack grids, W&B's own run folders). ``overwrite`` deletes these
-and nothing else."""
+server and client checkpoints, the CSV logs, the attack grids, W&B's own run folders): where a run's outputs are
+looked for (the bench's listings); ``overwrite`` deletes what :data:`RUN_RECORD` names instead."""
+
+RUN_RECORD = ".lightning-fl-files.json"
+"""The run's record of its directory: ``written`` (entries the run wrote, relative POSIX paths) and ``before``
+(entries there when the current session took the lock, ``null`` once it released it)."""
 
 
 def holds_run(output_dir: str | Path) -> bool:
@@ -108,6 +131,12 @@ def check_run_dir(
     """
     if resume and overwrite:
         raise ValueError("resume=true and overwrite=true contradict each other: continue the run or replace it.")
+    if overwrite and holds_run(output_dir) and _read_record(Path(output_dir)) is None:
+        raise ValueError(
+            f"{key}={str(output_dir)!r} holds files of a run that recorded none of them ({RUN_RECORD} is missing: "
+            "an older lightning-fl wrote it, or it is not a run), so --overwrite true cannot tell its files from "
+            "yours; choose another --output_dir or delete the old run's files yourself."
+        )
     if resume or overwrite or not holds_run(output_dir):
         return
     hint = _resume_hint(Path(output_dir), can_resume=can_resume)
@@ -122,6 +151,8 @@ def claim_run_dir(lock: RunLock, *, resume: bool, overwrite: bool, can_resume: b
 
     The lock is taken before anything else is written, so of several simultaneous starts only one gets here; a
     start that finds a run there once it holds the lock (the winner finished first) releases it and refuses.
+    Once claimed, the directory's entries are noted in :data:`RUN_RECORD`, and the release records what the run
+    wrote.
 
     Raises:
         RuntimeError: another live run holds the lock (see :meth:`RunLock.check`).
@@ -133,26 +164,126 @@ def claim_run_dir(lock: RunLock, *, resume: bool, overwrite: bool, can_resume: b
     except ValueError:
         lock.release()
         raise
+    root = lock.path.parent
+    _write_record(root, written=written_entries(root), before=sorted(_entries(root)))
+    lock.at_release(lambda: _write_record(root, written=written_entries(root), before=None))
 
 
-def clear_run_dir(output_dir: str | Path, *, keep: Path) -> None:
-    """Delete what a run wrote in ``output_dir`` (:func:`run_outputs`) except ``keep`` (the lock of the new run);
-    any other file stays, and a warning names what stayed."""
+def open_run_dir(lock: RunLock, *, resume: bool, overwrite: bool) -> None:
+    """Claim the run directory for a ``fit`` (:func:`claim_run_dir`) and, with ``overwrite``, clear the run there;
+    nothing to do when the caller (the ``lightning-fl`` command) claimed it already.
+
+    Raises:
+        RuntimeError, ValueError: see :func:`claim_run_dir`.
+    """
+    if lock.held:
+        return
+    claim_run_dir(lock, resume=resume, overwrite=overwrite)
+    if overwrite:
+        clear_run_dir(lock.path.parent)
+
+
+def _entries(root: Path) -> set[str]:
+    """Every file, folder and symlink under ``root`` as relative POSIX paths; symlinks are listed, never entered."""
+    found = set()
+    for folder, folders, files in os.walk(root):  # followlinks=False
+        where = PurePosixPath(Path(folder).relative_to(root).as_posix())
+        found.update(str(where / name) for name in [*folders, *files])
+    return found - {".lightning-fl.lock", RUN_RECORD}
+
+
+def _read_record(root: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((root / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("written"), list):
+        return None
+    return record
+
+
+def _write_record(root: Path, *, written: list[str], before: list[str] | None) -> None:
+    atomic_write(root / RUN_RECORD, json.dumps({"written": written, "before": before}, indent=1).encode())
+
+
+def _inside(path: str) -> bool:
+    """A relative path with no ``..``: a record entry that cannot name anything outside the run directory."""
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not PurePosixPath(path).is_absolute() and ".." not in parts
+
+
+def written_entries(output_dir: str | Path) -> list[str]:
+    """The entries of ``output_dir`` that its run wrote, by :data:`RUN_RECORD`, and that are still there.
+
+    The recorded ones, plus, while a session holds the lock (or was killed holding it), every entry that appeared
+    since it took it.
+
+    Example:
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> _ = (run / "notes.txt").write_text("mine")
+        >>> _write_record(run, written=[], before=["notes.txt"])
+        >>> _ = (run / "summary.json").write_text("{}")
+        >>> written_entries(run)
+        ['summary.json']
+    """
     root = Path(output_dir)
-    for entry in run_outputs(root):
-        if entry == keep:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    for folder in RUN_OUTPUTS:
-        if folder != "." and (root / folder).is_dir() and not any((root / folder).iterdir()):
-            (root / folder).rmdir()
-    kept = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p != keep)
+    record, now = _read_record(root), _entries(root)
+    if record is None:
+        return []
+    written = {p for p in record["written"] if isinstance(p, str) and _inside(p)}
+    if isinstance(record.get("before"), list):
+        written |= now - set(record["before"])
+    return sorted(written & now)
+
+
+def record_written(output_dir: str | Path, *names: str) -> None:
+    """Add ``names`` (paths relative to ``output_dir``) to the run's record of what it wrote, for files a run writes
+    after it released its lock (the exported global model); nothing to do where the run kept no record.
+
+    Example:
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> _write_record(run, written=[], before=None)
+        >>> _ = (run / "global_model.safetensors").write_bytes(b"")
+        >>> record_written(run, "global_model.safetensors"); written_entries(run)
+        ['global_model.safetensors']
+    """
+    root = Path(output_dir)
+    record = _read_record(root)
+    if record is not None:
+        _write_record(root, written=sorted({*written_entries(root), *names}), before=record.get("before"))
+
+
+def _through_symlink(root: Path, relative: str) -> bool:
+    """Whether a folder on the way from ``root`` to ``relative`` is a symlink (deleting there would follow it)."""
+    parts = PurePosixPath(relative).parts[:-1]
+    return any((root.joinpath(*parts[: i + 1])).is_symlink() for i in range(len(parts)))
+
+
+def clear_run_dir(output_dir: str | Path) -> None:
+    """Delete the entries the run in ``output_dir`` wrote (:func:`written_entries`) and nothing else; a warning
+    names the files that stay.
+
+    Files and symlinks are unlinked (a symlink as a link: what it points to stays); a folder is removed only when the
+    run created it and it is empty once the run's files are gone; nothing under a symlinked folder is touched.
+    """
+    root = Path(output_dir)
+    written = [p for p in written_entries(root) if not _through_symlink(root, p)]
+    for relative in written:
+        path = root / relative
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+    for relative in sorted(written, key=lambda p: -len(PurePosixPath(p).parts)):  # deepest folders first
+        path = root / relative
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            path.rmdir()
+    _write_record(root, written=[], before=sorted(_entries(root)))
+    kept = sorted(p for p in _entries(root) if not (root / p).is_dir() or (root / p).is_symlink())
     if kept:
         shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
         warnings.warn(
-            f"--overwrite true replaced the run in {str(root)!r} and kept {len(kept)} file(s) no run wrote: {shown}.",
+            f"--overwrite true replaced the run in {str(root)!r} and kept {len(kept)} file(s) it did not write: "
+            f"{shown}.",
             stacklevel=2,
         )

@@ -1,17 +1,26 @@
 """One run per output directory: a lock file naming the process (pid and host) that writes there.
 
-Two runs writing the same checkpoints, CSV and summary would overwrite each other's rounds. The lock is created
-atomically (``O_CREAT | O_EXCL``) when a run starts writing and removed when it ends. A lock left by a process
-that no longer exists on this host (killed with SIGKILL, a crashed machine) is taken over with a warning. The
-ranks a DDP run launches (the script re-run per rank) share their launcher's lock: :data:`LAUNCHER_PID_ENV`.
+Two runs writing the same checkpoints, CSV and summary would overwrite each other's rounds. A run holds an
+exclusive ``flock`` on the lock file while it writes there (the kernel releases it when the process dies, so a
+killed run leaves no live lock), checks that the file it locked is still the one at the path (a lock file removed
+and created again in between is retried), and only then writes its pid and host into it; it removes the file when
+it ends. So of any number of starters exactly one holds the lock, and a lock file that is empty because its
+writer has not written yet reads as held. A file naming a live process that holds no ``flock`` (written by an
+older lightning-fl) also counts as held; one naming a process that no longer exists on this host is taken over
+with a warning. The ranks a DDP run launches (the script re-run per rank) share their launcher's lock:
+:data:`LAUNCHER_PID_ENV`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +68,28 @@ class RunLock:
 
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / ".lightning-fl.lock"
-        self._held = False
+        self._fd: int | None = None
+        self._at_release: list[Callable[[], None]] = []
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
 
     def holder(self) -> dict[str, Any] | None:
-        """``{"pid": ..., "host": ...}`` of the lock's owner, or ``None`` when unlocked (or unreadable)."""
+        """``{"pid": ..., "host": ...}`` of the lock's owner, or ``None`` when unlocked (or not yet written)."""
         try:
             holder = json.loads(self.path.read_text())
             return {"pid": int(holder["pid"]), "host": str(holder["host"])}
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def _refuse(self, holder: dict[str, Any] | None) -> RuntimeError:
+        who = f"pid {holder['pid']} on {holder['host']}" if holder else "a run that is starting"
+        return RuntimeError(
+            f"output_dir {str(self.path.parent)!r} is in use by another lightning-fl run ({who}); wait for it to "
+            f"finish or choose another output_dir (if that run is gone, delete {str(self.path)!r})."
+        )
 
     def check(self) -> None:
         """Raise when another live process holds the lock (a stale one is left for :meth:`acquire`).
@@ -76,13 +98,18 @@ class RunLock:
             RuntimeError: naming the pid and host of the run that writes there.
         """
         holder = self.holder()
-        if holder is None or self._held or self._launcher(holder) or not self._live(holder):
+        if self.held or (holder is not None and self._launcher(holder)):
             return
-        raise RuntimeError(
-            f"output_dir {str(self.path.parent)!r} is in use by another lightning-fl run (pid {holder['pid']} on "
-            f"{holder['host']}); wait for it to finish or choose another output_dir "
-            f"(if that run is gone, delete {str(self.path)!r})."
-        )
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # no lock file (or not ours to read): nobody holds it
+            return
+        try:
+            free = _try_flock(fd, attempts=1)
+        finally:
+            os.close(fd)  # closing drops the probe's own flock
+        if not free or (holder is not None and self._live(holder)):
+            raise self._refuse(holder if not free else self.holder())
 
     @staticmethod
     def _launcher(holder: dict[str, Any]) -> bool:
@@ -97,37 +124,63 @@ class RunLock:
         return holder["pid"] == os.getpid() or _alive(holder["pid"])
 
     def acquire(self) -> None:
-        """Take the lock, taking over a stale one with a warning.
+        """Take the lock, taking over a stale one (its writer no longer runs) with a warning.
 
         Raises:
             RuntimeError: see :meth:`check`.
         """
-        if self._held:
+        if self.held:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self.check()
-                holder = self.holder() or {"pid": "?", "host": "?"}
-                warnings.warn(
-                    f"output_dir {str(self.path.parent)!r} was locked by pid {holder['pid']} on {holder['host']}, "
-                    "which no longer runs; taking the lock over.",
-                    stacklevel=2,
-                )
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(me)
-            self._held = True
-            return
-        self.check()  # another run took it in between
-        raise RuntimeError(f"could not take the lock {str(self.path)!r}; delete it if no run writes there.")
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not _try_flock(fd, attempts=5):
+                os.close(fd)
+                raise self._refuse(self.holder())
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    break  # the file we locked is the one at the path
+            os.close(fd)  # its holder removed it after we opened it: lock the new one
+        holder = self.holder()
+        if holder is not None and self._live(holder):
+            os.close(fd)
+            raise self._refuse(holder)
+        if holder is not None:
+            warnings.warn(
+                f"output_dir {str(self.path.parent)!r} was locked by pid {holder['pid']} on {holder['host']}, "
+                "which no longer runs; taking the lock over.",
+                stacklevel=2,
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        os.fsync(fd)
+        self._fd = fd
+
+    def at_release(self, action: Callable[[], None]) -> None:
+        """Run ``action`` in :meth:`release`, while the lock is still held (e.g. record what the run wrote)."""
+        self._at_release.append(action)
 
     def release(self) -> None:
-        """Remove the lock if this object holds it."""
-        if self._held:
-            self.path.unlink(missing_ok=True)
-            self._held = False
+        """Run the :meth:`at_release` actions and remove the lock if this object holds it."""
+        if self._fd is None:
+            return
+        try:
+            while self._at_release:
+                self._at_release.pop(0)()
+        finally:
+            self.path.unlink(missing_ok=True)  # before the flock goes: a waiter then finds the path changed
+            os.close(self._fd)
+            self._fd = None
+
+
+def _try_flock(fd: int, *, attempts: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without blocking, trying ``attempts`` times 10 ms apart (another
+    starter's :meth:`RunLock.check` holds it for an instant)."""
+    for attempt in range(attempts):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < attempts:
+                time.sleep(0.01)
+    return False

@@ -1,4 +1,5 @@
-"""Server side: aggregation maths and rules (FedAvg, server optimisers, DPFL, FedBoosting), client selection."""
+"""Server side: aggregation maths and rules (FedAvg, server optimisers, DPFL, FedBoosting, robust rules), client
+selection."""
 
 from typing import Any
 
@@ -7,12 +8,26 @@ from lightning_fl.server.aggregation import Aggregator, weighted_average, weight
 from lightning_fl.server.dpfl import DPFLAggregator
 from lightning_fl.server.fedavg import FedAvg
 from lightning_fl.server.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
+from lightning_fl.server.robust import (
+    CoordinateMedian,
+    Krum,
+    NormBounding,
+    RobustAggregator,
+    TrimmedMean,
+    bound_norms,
+    coordinate_median,
+    krum_scores,
+    multi_krum,
+    trimmed_mean,
+    update_norms,
+)
 from lightning_fl.server.selection import ClientSelector, UniformSelector
 
 __all__ = [
     "ActiveSelector",
     "Aggregator",
     "ClientSelector",
+    "CoordinateMedian",
     "DPFLAggregator",
     "FedAdagrad",
     "FedAdam",
@@ -20,8 +35,18 @@ __all__ = [
     "FedAvgM",
     "FedBoosting",
     "FedYogi",
+    "Krum",
+    "NormBounding",
+    "RobustAggregator",
     "ServerOptimizer",
+    "TrimmedMean",
     "UniformSelector",
+    "bound_norms",
+    "coordinate_median",
+    "krum_scores",
+    "multi_krum",
+    "trimmed_mean",
+    "update_norms",
     "weighted_average",
     "weighted_sum",
 ]

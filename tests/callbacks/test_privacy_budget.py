@@ -57,7 +57,7 @@ def test_budget_that_fits_all_rounds_does_not_stop(tmp_path: Path) -> None:
 
 
 def test_budget_smaller_than_one_round_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="next round alone"):
+    with pytest.raises(ValueError, match="round 0 would bring the cumulative epsilon from 0 to "):
         _loop(tmp_path, PrivacyBudget(0.01), transforms=(FedSDP(noise_multiplier=1.0),)).fit()
 
 

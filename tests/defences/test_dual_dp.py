@@ -87,3 +87,13 @@ def test_downlink_noise_without_sigma_says_what_to_add(tmp_path: Path) -> None:
     loop = _loop(tmp_path, [], [])
     with pytest.raises(ValueError, match="use the DualDPFL defence"):
         DownlinkNoise().setup(loop.setup_context())
+
+
+def test_a_resume_with_more_rounds_never_spends_past_the_target(tmp_path: Path) -> None:
+    """The case of dual_dp_digits.yaml run for 1 round, then resumed with 3: sigma calibrated for 1 round."""
+    first = _loop(tmp_path, [DualDPFL(target_epsilon=5.0)], [], num_rounds=1, local_steps=2)
+    assert first.fit()["history"][0]["epsilon"] <= 5.0
+    resumed = _loop(tmp_path, [DualDPFL(target_epsilon=5.0)], [], num_rounds=3, local_steps=2)
+    with pytest.raises(ValueError, match=r"round 1 would bring the cumulative epsilon \(worst case over clients\)"):
+        resumed.fit(resume=True)
+    assert resumed.round_idx == 1  # refused before round 1 trained

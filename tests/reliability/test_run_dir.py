@@ -10,13 +10,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from lightning_fl.cli import main
 from lightning_fl.federation.checkpoint import FORMAT
 from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.run_dir import check_run_dir, clear_run_dir
+from lightning_fl.federation.run_dir import RUN_RECORD, check_run_dir, clear_run_dir
 from tests.reliability.helpers import CONFIGS, FAST, QUICKSTART, one_error_line
 
 
@@ -157,21 +158,93 @@ def test_overwrite_deletes_only_what_a_run_wrote_and_names_the_files_it_kept(fin
     (run / "checkpoints" / "mine.ckpt").write_text("another tool's checkpoint")
     (run / "plots").mkdir()
     (run / "plots" / "figure.pdf").write_text("a figure")
-    stale = run / "checkpoints" / "server_r00009.pt"
-    stale.write_text("a checkpoint of the replaced run")
-    kept = "kept 3 file(s) no run wrote: checkpoints/mine.ckpt, notes.txt, plots/figure.pdf"
+    (run / "attacks").mkdir()
+    (run / "attacks" / "my_plot.png").write_bytes(b"a user's plot, named as an attack grid")
+    (run / "wandb" / "run-my-own-experiment").mkdir(parents=True)
+    (run / "wandb" / "run-my-own-experiment" / "files.txt").write_text("a user's own W&B run")
+    kept = (
+        "kept 5 file(s) it did not write: attacks/my_plot.png, checkpoints/mine.ckpt, notes.txt, plots/figure.pdf, "
+        "wandb/run-my-own-experiment/files.txt"
+    )
     with pytest.warns(UserWarning, match=re.escape(kept)):
         assert main(_fit(run, "--overwrite", "true")) == 0
     assert (run / "notes.txt").read_text() == "my notes"
     assert (run / "checkpoints" / "mine.ckpt").exists() and (run / "plots" / "figure.pdf").exists()
-    assert not stale.exists()
+    assert (run / "attacks" / "my_plot.png").exists() and (run / "wandb" / "run-my-own-experiment").is_dir()
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
 
 
-def test_overwrite_of_a_run_without_foreign_files_leaves_none_behind(finished, tmp_path) -> None:
+def test_overwrite_of_a_run_without_foreign_files_leaves_only_its_record(finished, tmp_path) -> None:
     run = _copy(finished, tmp_path / "run")
-    clear_run_dir(run, keep=run / ".lightning-fl.lock")
-    assert list(run.iterdir()) == []
+    clear_run_dir(run)
+    assert [p.name for p in run.iterdir()] == [RUN_RECORD]
+
+
+def test_overwrite_never_follows_a_symlink_out_of_the_run_directory(finished, tmp_path) -> None:
+    outside = tmp_path / "pictures"
+    outside.mkdir()
+    for name in ("a.png", "b.png", "server_r00000.pt"):
+        (outside / name).write_bytes(b"not the run's")
+    run = _copy(finished, tmp_path / "run")
+    (run / "attacks").symlink_to(outside, target_is_directory=True)  # a user's link, named as a run folder
+    for name in os.listdir(run / "checkpoints"):  # the run's own folder swapped for a link after the run
+        (outside / name).write_bytes(b"not the run's either")
+    os.rename(run / "checkpoints", tmp_path / "moved")
+    (run / "checkpoints").symlink_to(outside, target_is_directory=True)
+    with pytest.warns(UserWarning, match="kept"):
+        assert main(_fit(run, "--overwrite", "true")) == 0
+    assert sorted(os.listdir(outside)) == sorted(
+        {"a.png", "b.png", "server_r00000.pt", *os.listdir(tmp_path / "moved")}
+    )
+    assert (run / "attacks").is_symlink()
+
+
+def test_a_record_naming_paths_outside_the_run_directory_deletes_nothing_there(finished, tmp_path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    run = _copy(finished, tmp_path / "run")
+    record = json.loads((run / RUN_RECORD).read_text())
+    record["written"] += ["../victim.txt", str(victim)]
+    (run / RUN_RECORD).write_text(json.dumps(record))
+    clear_run_dir(run)
+    assert victim.read_text() == "keep me"
+
+
+def test_overwrite_of_a_directory_that_no_run_recorded_is_refused(tmp_path, capsys) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.yaml").write_text("a project's own config, not a run's\n")
+    assert main(_fit(project, "--overwrite", "true")) == 2
+    assert "holds files of a run that recorded none of them" in one_error_line(capsys.readouterr().err)
+    assert (project / "config.yaml").read_text() == "a project's own config, not a run's\n"
+    assert [p.name for p in project.iterdir()] == ["config.yaml"]
+
+
+def test_an_empty_output_dir_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(_fit("")) == 2
+    assert "output_dir='' is empty" in one_error_line(capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_from_python_into_a_run_raises_unless_told_to_resume_or_overwrite(finished, tmp_path) -> None:
+    run = _copy(finished, tmp_path / "run")
+    before = _files(run)
+    loop = _python_loop(run)
+    with pytest.raises(ValueError, match="holds a run; use --resume true to continue it"):
+        loop.fit()
+    assert _files(run) == before
+    assert _python_loop(run).fit(overwrite=True)["rounds_completed"] == 1
+    assert _python_loop(run, num_rounds=2).fit(resume=True)["rounds_completed"] == 2
+
+
+def _python_loop(output_dir, **loop_options):
+    from lightning_fl.datamodules import FederatedDataModule
+    from tests.conftest import make_classifier
+
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", image_size=8, batch_size=16, seed=0)
+    options = {"num_rounds": 1, "clients_per_round": 3, "local_steps": 2, "eval_every": 0, **loop_options}
+    return FederatedLoop(make_classifier(dm), dm, output_dir=output_dir, progress_bar=False, **options)
 
 
 def _old_format(finished, tmp_path, version: int):
@@ -218,3 +291,29 @@ def test_resume_with_a_truncated_committed_checkpoint_names_it_and_writes_nothin
     line = _resume_refused(run, capsys)
     assert f"checkpoint {str(path)!r} does not match the SHA-256 in the manifest (changed or truncated" in line
     assert "another --output_dir (or --overwrite true)" in line
+
+
+def test_a_named_pipe_at_a_checkpoint_path_is_refused_in_one_line(finished, tmp_path, capsys) -> None:
+    run = _copy(finished, tmp_path / "run")
+    server = json.loads((run / "manifest.json").read_text())["server"]["path"]
+    (run / server).unlink()
+    os.mkfifo(run / server)
+    unblock = threading.Timer(60, lambda: (run / server).write_bytes(b"x"))  # a hang ends, as a failure
+    unblock.start()
+    try:
+        assert main(_fit(run, "--loop.num_rounds", "3", "--resume", "true")) == 2
+    finally:
+        unblock.cancel()
+    assert "is not a regular file (a named pipe, device or folder)" in one_error_line(capsys.readouterr().err)
+
+
+def test_test_refuses_a_global_model_with_non_finite_weights(finished, tmp_path, capsys) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(finished / "global_model.safetensors"))
+    key = sorted(state)[0]
+    state[key][0] = float("nan")
+    save_file(state, str(tmp_path / "nan.safetensors"))
+    args = ["test", "-c", str(QUICKSTART), "--data.image_size", "16", "--data.num_clients", "4"]
+    assert main([*args, "--ckpt_path", str(tmp_path / "nan.safetensors")]) == 2
+    assert f"holds non-finite weights (NaN or inf) in ['{key}']" in one_error_line(capsys.readouterr().err)

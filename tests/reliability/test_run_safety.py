@@ -262,3 +262,22 @@ def test_an_encrypted_update_is_checked_by_its_client_before_encryption(tmp_path
         with pytest.warns(UserWarning, match=r"client 1 is dropped: its norm .* before encryption exceeds"):
             loop.fit()
     assert loop.history[0]["clients"] == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("trainer", "named"),
+    [
+        ("{enable_checkpointing: true, logger: true}", "loop.trainer.enable_checkpointing"),
+        ("{logger: true}", "loop.trainer.logger"),
+    ],
+)
+def test_client_trainer_checkpoints_and_loggers_of_a_model_with_secrets_are_refused(
+    tmp_path, capsys, monkeypatch, trainer: str, named: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = str(QUICKSTART.parent / "fedkl_digits.yaml")
+    args = ["fit", "-c", config, "--output_dir", str(tmp_path / "run"), "--loop.num_rounds", "1"]
+    assert main([*args, "--data.image_size", "8", "--loop.trainer", trainer]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert named in line and "private state ('backbone.body.0.1.lock.key'" in line, line
+    assert list(tmp_path.iterdir()) == []  # no lightning_logs/, no run directory

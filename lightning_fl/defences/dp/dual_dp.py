@@ -106,6 +106,31 @@ class DualDP(ClientDPSGD):
     def on_fit_start(self, federation: FederationView) -> None:
         self.calibrate(federation.spec)
         super().on_fit_start(federation)
+        if federation.round_idx < federation.num_rounds:
+            self.check_budget(federation.spec, federation.round_idx)
+
+    @override
+    def on_round_start(self, federation: FederationView, round_idx: int, selected: list[int]) -> None:
+        self.check_budget(federation.spec, round_idx)
+        super().on_round_start(federation, round_idx, selected)
+
+    def check_budget(self, spec: FederationSpec, round_idx: int) -> None:
+        """Refuse to start round ``round_idx`` when the cumulative epsilon after it (worst case: every client
+        selected, counted from the first round of the run, resumed or not) would exceed ``target_epsilon``.
+
+        Raises:
+            ValueError: naming the cumulative epsilon spent, the one the round would reach, and the fix.
+        """
+        if self.target_epsilon is None:
+            return
+        projected = self.epsilon_projected(spec)
+        if projected > self.target_epsilon * (1 + 1e-6):
+            raise ValueError(
+                f"DualDP(target_epsilon={self.target_epsilon}): round {round_idx} would bring the cumulative epsilon "
+                f"(worst case over clients) from {self.epsilon_spent():.4g} to {projected:.4g}; sigma was calibrated "
+                f"for loop.num_rounds={spec.num_rounds}, and a run resumed with more rounds than it started with "
+                "overspends: resume with the run's num_rounds, or start a new run with the rounds you want."
+            )
 
     @override
     def epsilon_projected(self, spec: FederationSpec) -> float:
