@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState, RoundContext
+from lightning_fl.contexts import ClientContext, ClientState, RoundContext
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.federation.updates import encode_update
 from lightning_fl.messages import ClientUpdate
@@ -109,7 +109,6 @@ class FlowerPool:
 
     Args:
         grid: the ``ServerApp``'s grid.
-        log_metrics: receives the metrics the client transforms logged (the round's history entry).
         nodes: the SuperNode of each client id.
         timeout: seconds to wait for a round's replies (``None``: until every client replied).
     """
@@ -119,18 +118,11 @@ class FlowerPool:
     def __init__(
         self,
         grid: Any,
-        log_metrics: Callable[[dict[str, float]], None],
         nodes: Mapping[int, int],
         *,
         timeout: float | None = None,
     ) -> None:
-        self.flwr, self.grid, self.log_metrics, self.nodes, self.timeout = (
-            _flwr(),
-            grid,
-            log_metrics,
-            dict(nodes),
-            timeout,
-        )
+        self.flwr, self.grid, self.nodes, self.timeout = _flwr(), grid, dict(nodes), timeout
 
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Send ``(client_id, round_idx, received)`` as ``train`` messages; the replies (or why none came) by id."""
@@ -155,8 +147,8 @@ class FlowerPool:
             replies[client_of[reply.metadata.src_node_id]] = reply
         return replies
 
-    def collect(self, reply: Any) -> ClientUpdate:
-        """The encoded update in ``reply``; logs the metrics its client transforms logged.
+    def collect(self, reply: Any, *, ctx: ClientContext) -> ClientUpdate:
+        """The encoded update in ``reply``; logs the metrics its client transforms logged through ``ctx``.
 
         Raises:
             ClientFailure: with the ClientApp's error when the client failed, or when it did not reply: a remote
@@ -170,7 +162,7 @@ class FlowerPool:
         content = reply.content
         meta, logged = dict(content["metadata"]), dict(content["logged"])
         if logged:
-            self.log_metrics(logged)
+            ctx.log_metrics(logged)
         report = content["report"]
         return ClientUpdate(
             client_id=int(report["client"]),
@@ -325,7 +317,7 @@ class FlowerFederation:
         def main(grid: Any, context: Any) -> None:
             loop = self.loop
             nodes = discover_nodes(grid, loop.num_clients, timeout=self.node_timeout)
-            self.summary = loop.fit(pool=FlowerPool(grid, loop.log_metrics, nodes))
+            self.summary = loop.fit(pool=FlowerPool(grid, nodes))
 
         return app
 

@@ -56,8 +56,9 @@ class ClientPool(Protocol):
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Train ``(client_id, round_idx, received)`` for each fit; one result per client id."""
 
-    def collect(self, result: Any) -> ClientUpdate:
-        """The update in ``result``; raises ``ClientFailure`` for a client that failed."""
+    def collect(self, result: Any, *, ctx: ClientContext) -> ClientUpdate:
+        """The update in ``result`` (metrics its client logged go to ``ctx``); raises ``ClientFailure`` for a client
+        that failed."""
 
     def close(self) -> None:
         """Stop what the pool started."""
@@ -65,15 +66,18 @@ class ClientPool(Protocol):
 
 @dataclass(frozen=True)
 class ClientStepResult:
-    """What the client step returns: the checked updates, and why each dropped client was dropped.
+    """What the client step returns: the checked updates, why each dropped client was dropped, what was broadcast.
 
     Args:
         updates: the updates that passed every check, in the order of the selection.
         failures: client id to the reason it was dropped (failed, unsound update, norm outlier).
+        offsets: client id to the offset a persistent broadcast added to what it received (see
+            :class:`~lightning_fl.federation.updates.Downlink`); empty without one.
     """
 
     updates: list[ClientUpdate]
     failures: dict[int, str] = field(default_factory=dict)
+    offsets: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -126,8 +130,7 @@ class ClientStep:
         leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
         client_transforms: the client-side chain each update passes before it is sent (clip, noise, encrypt).
         client_callbacks: Lightning callbacks added to each client's Trainer.
-        callbacks: the FL callbacks, called with ``federation`` at the start and end of each client fit.
-        federation: the read-only view the FL callbacks receive.
+        callbacks: the FL callbacks, called with the round's view at the start and end of each client fit.
         max_update_norm_ratio, max_update_norm: the update-norm bounds (``inf``: off), see
             :func:`~lightning_fl.federation.updates.drop_norm_outliers`.
         min_clients: the fewest valid updates a round may keep.
@@ -144,25 +147,26 @@ class ClientStep:
         client_transforms: Sequence[ClientTransform],
         client_callbacks: Sequence[L.Callback],
         callbacks: Sequence[FederatedCallback],
-        federation: FederationView,
         max_update_norm_ratio: float,
         max_update_norm: float,
         min_clients: int,
     ) -> None:
         self.runner, self.pool, self.vectorised, self.downlink, self.leaks = runner, pool, vectorised, downlink, leaks
         self.client_transforms = () if pool is not None and pool.encodes else tuple(client_transforms)
-        self.client_callbacks, self.callbacks, self.federation = tuple(client_callbacks), tuple(callbacks), federation
+        self.client_callbacks, self.callbacks = tuple(client_callbacks), tuple(callbacks)
         self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
         self.min_clients = min_clients
 
-    def run(self, round_ctx: RoundContext, selected: Sequence[int]) -> ClientStepResult:
-        """Train ``selected`` and return the updates that pass every check (at least ``min_clients``).
+    def run(self, round_ctx: RoundContext, selected: Sequence[int], federation: FederationView) -> ClientStepResult:
+        """Train ``selected`` and return the updates that pass every check (at least ``min_clients``); the FL
+        callbacks receive ``federation``, the round's view.
 
         Raises:
             RuntimeError: when fewer than ``min_clients`` valid updates remain.
         """
         failures: dict[int, str] = {}
-        trained = self._train(round_ctx, selected, failures)
+        offsets: dict[int, dict[str, Tensor]] = {}
+        trained = self._train(round_ctx, selected, federation, failures, offsets)
         updates = drop_norm_outliers(
             trained,
             max_ratio=self.max_update_norm_ratio,
@@ -177,54 +181,76 @@ class ClientStep:
                 f"selected) but loop.min_clients={self.min_clients}; see the warnings above for why clients were "
                 "dropped."
             )
-        return ClientStepResult(updates, failures)
+        return ClientStepResult(updates, failures, {k: v for k, v in offsets.items() if k in kept})
 
-    def _train(self, round_ctx: RoundContext, selected: Sequence[int], failures: dict[int, str]) -> list[ClientUpdate]:
+    def _train(
+        self,
+        round_ctx: RoundContext,
+        selected: Sequence[int],
+        federation: FederationView,
+        failures: dict[int, str],
+        offsets: dict[int, dict[str, Tensor]],
+    ) -> list[ClientUpdate]:
         """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool."""
         round_idx = round_ctx.round_idx
         pool: ClientPool | VectorisedClients | None = self.pool
         if pool is None and self.vectorised is not None:
             pool = self.vectorised.for_round(
-                [self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k) for k in selected]
+                [
+                    self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
+                    for k in selected
+                ]
             )
         if pool is None:
             updates = []
             for k in selected:
-                ctx, received = self._start(round_ctx, k)
-                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k)
+                ctx, received = self._start(round_ctx, k, federation, offsets)
+                callbacks = self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
                 train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish(ctx, received, train, failures))
+                updates.append(self._finish(ctx, received, train, federation, failures))
             return [u for u in updates if u is not None]
         started = []
         for k in selected:
-            started.append(self._start(round_ctx, k))
+            started.append(self._start(round_ctx, k, federation, offsets))
             if pool is self.vectorised:  # what the fit-start callbacks set for this client (DP settings)
                 pool.client_started(k)
         results = pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
-            self._finish(ctx, received, functools.partial(pool.collect, results[ctx.client_id]), failures)
+            self._finish(
+                ctx, received, functools.partial(pool.collect, results[ctx.client_id], ctx=ctx), federation, failures
+            )
             for ctx, received in started
         ]
         return [u for u in updates if u is not None]
 
-    def _start(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
+    def _start(
+        self,
+        round_ctx: RoundContext,
+        client_id: int,
+        federation: FederationView,
+        offsets: dict[int, dict[str, Tensor]],
+    ) -> tuple[ClientContext, dict[str, Tensor]]:
         for cb in self.callbacks:
-            cb.on_client_fit_start(self.federation, client_id)
+            cb.on_client_fit_start(federation, client_id)
         ctx = self.runner.context(round_ctx, client_id)
-        return ctx, self.downlink.send(ctx)
+        received, offset = self.downlink.send(ctx)
+        if offset is not None:
+            offsets[client_id] = offset
+        return ctx, received
 
     def _finish(
         self,
         ctx: ClientContext,
         received: dict[str, Tensor],
         train: Callable[[], ClientUpdate],
+        federation: FederationView,
         failures: dict[int, str],
     ) -> ClientUpdate | None:
         client_id, round_idx = ctx.client_id, ctx.round_idx
         try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
             update = train()
             for cb in self.callbacks:
-                cb.on_client_fit_end(self.federation, update)
+                cb.on_client_fit_end(federation, update)
             update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
             failures[client_id] = f"failed ({failure.detail})"
@@ -238,5 +264,5 @@ class ClientStep:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
-        self.leaks.client_update(update, received, trained_on=self.runner.trained_on(client_id))
+        self.leaks.client_update(update, received, federation, trained_on=self.runner.trained_on(client_id))
         return update

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState
+from lightning_fl.contexts import ClientContext, ClientState
 from lightning_fl.federation.workers import ClientResult, collect, fit_job, job
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class RayPool:
                 running[actor.fit.remote(queue.pop(0))] = actor
         return done
 
-    def collect(self, result: ClientResult) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientUpdate:
         """The raw update of ``result`` (see :func:`~lightning_fl.federation.workers.collect`)."""
         return collect(self.runner, result)
 

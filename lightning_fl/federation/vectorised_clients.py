@@ -174,7 +174,7 @@ class VectorisedClients:
             r.outcome = FitOutcome(metrics, outcome.steps, outcome.epochs, optimizer)
         return results
 
-    def collect(self, result: VectorisedResult) -> ClientUpdate:
+    def collect(self, result: VectorisedResult, *, ctx: ClientContext) -> ClientUpdate:
         """Load ``result``'s trained client into the runner's worker and return its raw update.
 
         Raises:

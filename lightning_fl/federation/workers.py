@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState, RoundContext
+from lightning_fl.contexts import ClientContext, ClientState, RoundContext
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.messages import ClientUpdate, GroundTruth
 from lightning_fl.private import public_state
@@ -267,7 +267,7 @@ class WorkerPool:
             done[result.client_id] = result
         return done
 
-    def collect(self, result: ClientResult) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientUpdate:
         """The raw update of ``result`` (see :func:`collect`)."""
         return collect(self.runner, result)
 

@@ -125,9 +125,9 @@ def test_the_steps_run_on_their_own_and_return_what_changed(tmp_path, monkeypatc
     before = _final_state(loop)
     ctx = loop.round_context()
     with pytest.warns(UserWarning, match="client 1 failed"):
-        clients = loop.client_step.run(ctx, [0, 1, 2])
+        clients = loop.client_step.run(ctx, [0, 1, 2], loop.view)
     assert [u.client_id for u in clients.updates] == [0, 2] and clients.failures == {1: "failed (lost power)"}
-    server = loop.server_step.run(ctx, clients.updates)
+    server = loop.server_step.run(ctx, clients, global_state=_final_state(loop), federation=loop.view)
     assert all(torch.equal(v, before[k]) for k, v in _final_state(loop).items())  # the steps wrote no model
     assert set(server.global_state) == set(loop.spec.update_keys)
     assert any(not torch.equal(server.global_state[k], before[k]) for k in server.global_state)
