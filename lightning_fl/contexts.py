@@ -227,14 +227,18 @@ class ClientState:
 
 
 class StateSnapshot(Mapping[str, Tensor]):
-    """A read-only mapping of detached tensor copies, taken once (``StateSnapshot.of`` reuses a snapshot).
+    """A read-only mapping of detached tensor copies, taken once; every read hands out a new copy.
+
+    The copy taken at construction never leaves the snapshot, so contexts may share one snapshot
+    (``StateSnapshot.of`` reuses it) and a plug-in that writes in place into what it read changes only its own copy:
+    no other plug-in, client or aggregator sees the write.
 
     Example:
         >>> live = {"w": torch.zeros(2)}
         >>> snap = StateSnapshot.of(live)
         >>> _ = snap["w"].add_(1.0)
-        >>> live["w"], StateSnapshot.of(snap) is snap
-        (tensor([0., 0.]), True)
+        >>> live["w"], snap["w"], StateSnapshot.of(snap) is snap
+        (tensor([0., 0.]), tensor([0., 0.]), True)
     """
 
     __slots__ = ("_state",)
@@ -248,7 +252,7 @@ class StateSnapshot(Mapping[str, Tensor]):
         return state if isinstance(state, StateSnapshot) else cls(state)
 
     def __getitem__(self, key: str) -> Tensor:
-        return self._state[key]
+        return self._state[key].clone()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._state)
@@ -268,9 +272,9 @@ class RoundContext:
         spec: the run's shape.
         round_idx: 0-based round.
         global_state: the public global state at the start of the round. The context holds a
-            :class:`StateSnapshot` of it (detached copies), so a plug-in that writes into these tensors changes
-            only its own copy, never the global model; the loop changes the model only through the value the
-            aggregator and the server transforms return.
+            :class:`StateSnapshot` of it, whose every read is a new copy, so a plug-in that writes into these tensors
+            changes only its own copy, never the global model, another plug-in's view or a client's; the loop changes
+            the model only through the value the aggregator and the server transforms return.
         metrics_sink: where :meth:`log_metrics` sends metrics (the round's history entry and the loggers).
     """
 

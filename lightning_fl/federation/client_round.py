@@ -5,26 +5,25 @@ downlink (broadcast transforms), trains it (in this process with the gradient ta
 with the round's other clients by the vectorised clients), runs the fit-end callbacks, encodes the update with the
 client transforms, drops failed clients (a :class:`~lightning_fl.federation.failures.ClientFailure`; any other error
 propagates), unsound updates and norm outliers with a warning, and reports each kept update at the client-update
-leak point (type 1). :func:`open_pool` chooses the pool (local worker processes, Ray actors or DDP ranks) that
-trains the clients during one ``fit``.
+leak point (type 1). The pool that trains the clients of a ``fit`` (local worker processes, Ray actors or DDP ranks)
+is opened by :func:`~lightning_fl.federation.pools.open_pool`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
+import dataclasses
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from lightning_fl.federation.distributed import RankPool, Ranks
 from lightning_fl.federation.failures import ClientFailure, log_failure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
-from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
@@ -33,13 +32,14 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.client_store import ClientFit
     from lightning_fl.federation.leak_points import LeakPoints
     from lightning_fl.federation.updates import Downlink
     from lightning_fl.federation.vectorised_clients import VectorisedClients
     from lightning_fl.federation.view import FederationView
     from lightning_fl.transforms import ClientTransform
 
-__all__ = ["ClientPool", "ClientStep", "ClientStepResult", "open_pool"]
+__all__ = ["ClientPool", "ClientStep", "ClientStepResult", "copy_update"]
 
 log = logging.getLogger("lightning_fl.federation.loop")  # client failures stay logged under the loop's name
 
@@ -56,8 +56,8 @@ class ClientPool(Protocol):
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Train ``(client_id, round_idx, received)`` for each fit; one result per client id."""
 
-    def collect(self, result: Any, *, ctx: ClientContext) -> ClientUpdate:
-        """The update in ``result`` (metrics its client logged go to ``ctx``); raises ``ClientFailure`` for a client
+    def collect(self, result: Any, *, ctx: ClientContext) -> ClientFit:
+        """The fit in ``result`` (metrics its client logged go to ``ctx``); raises ``ClientFailure`` for a client
         that failed."""
 
     def close(self) -> None:
@@ -80,41 +80,24 @@ class ClientStepResult:
     offsets: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def open_pool(
-    runner: ClientRunner,
-    *,
-    workers: int,
-    backend: Literal["processes", "ray"],
-    ranks: Ranks | None,
-    taps_local_gradients: bool,
-) -> Iterator[ClientPool | None]:
-    """The pool that trains the clients of one ``fit``: ``workers`` processes, Ray actors, or the DDP ``ranks``;
-    ``None`` (train in this process) by default. Closed when the block ends.
+def copy_update(update: ClientUpdate) -> ClientUpdate:
+    """``update`` with copies of its tensors (what a callback may read and write without touching the original).
 
-    Raises:
-        ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
+    Example:
+        >>> import torch
+        >>> update = ClientUpdate(0, 0, {"w": torch.zeros(1)}, 1, 0.0)
+        >>> _ = copy_update(update).delta["w"].add_(1.0)
+        >>> update.delta["w"]
+        tensor([0.])
     """
-    if workers == 1 and backend == "processes" and ranks is None:
-        yield None
-        return
-    if taps_local_gradients:
-        raise ValueError(
-            "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
-            "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
-        )
-    if ranks is not None:
-        pool: ClientPool = RankPool(runner, ranks)
-    elif backend == "ray":
-        from lightning_fl.federation.ray_backend import RayPool
+    delta = {k: v.detach().clone() for k, v in update.delta.items()}
+    return dataclasses.replace(update, delta=delta, metadata=copy.deepcopy(update.metadata))
 
-        pool = RayPool(runner, workers)
-    else:
-        pool = WorkerPool(runner, workers)
-    try:
-        yield pool
-    finally:
-        pool.close()
+
+def _overrides(callback: FederatedCallback, hook: str) -> bool:
+    from lightning_fl.callbacks.base import FederatedCallback
+
+    return getattr(type(callback), hook) is not getattr(FederatedCallback, hook)
 
 
 class ClientStep:
@@ -242,15 +225,18 @@ class ClientStep:
         self,
         ctx: ClientContext,
         received: dict[str, Tensor],
-        train: Callable[[], ClientUpdate],
+        train: Callable[[], ClientFit],
         federation: FederationView,
         failures: dict[int, str],
     ) -> ClientUpdate | None:
         client_id, round_idx = ctx.client_id, ctx.round_idx
         try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
-            update = train()
-            for cb in self.callbacks:
-                cb.on_client_fit_end(federation, update)
+            fit = train()
+            update = fit.update
+            if fit.private is not None:  # the client keeps its new private state once its fit succeeded
+                self.runner.store.keep_fit(client_id, fit.private)
+            for cb in self.callbacks:  # each gets its own copy: a write into it never reaches the aggregate
+                cb.on_client_fit_end(federation, copy_update(update) if _overrides(cb, "on_client_fit_end") else update)
             update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
             failures[client_id] = f"failed ({failure.detail})"
@@ -264,5 +250,5 @@ class ClientStep:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
-        self.leaks.client_update(update, received, federation, trained_on=self.runner.trained_on(client_id))
+        self.leaks.client_update(update, received, federation, trained_on=fit.trained_on)
         return update

@@ -46,7 +46,7 @@ from lightning_fl.validation import check_device_count
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext
     from lightning_fl.federation.client_runner import ClientRunner
-    from lightning_fl.messages import ClientUpdate
+    from lightning_fl.federation.client_store import ClientFit
 
 __all__ = ["RankPool", "Ranks", "die_with_launcher", "launch", "ranks_requested", "serve", "single_device_options"]
 
@@ -235,7 +235,7 @@ class RankPool:
         self.ranks.sequence += 1
         return {result.client_id: result for result in results}
 
-    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientFit:
         """The raw update of ``result``; its private state goes to the client store on rank 0."""
         return collect(self.runner, result)
 

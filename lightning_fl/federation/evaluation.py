@@ -251,7 +251,7 @@ def evaluate_state(
     """The test score of the committed public global state ``public`` (held by ``model``): the global model's, or
     the mean over the trained clients' own models (``loop.eval_on: clients``, on the runner's worker)."""
     return evaluator.evaluate(
-        model, datamodule.test_dataloader(), worker=runner.worker, clients=runner.states, public=dict(public)
+        model, datamodule.test_dataloader(), worker=runner.worker, clients=runner.store, public=dict(public)
     )
 
 

@@ -23,20 +23,23 @@ from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.loggers import Logger
+from torch import Tensor
 
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.contexts import ClientSetupContext, FederationSpec, RoundContext, SetupContext
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint, RunParts
-from lightning_fl.federation.client_round import ClientPool, ClientStep, open_pool
+from lightning_fl.federation.client_round import ClientPool, ClientStep
 from lightning_fl.federation.client_runner import ClientRunner
+from lightning_fl.federation.client_store import ClientStore
 from lightning_fl.federation.composition import check_composition
 from lightning_fl.federation.distributed import Ranks, launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator, evaluate_state
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
+from lightning_fl.federation.pools import open_pool
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.round import Round
 from lightning_fl.federation.round_loop import RoundLoop, global_state_of
@@ -196,7 +199,7 @@ class FederatedLoop:
         self.client_evaluation = ClientEvaluation(
             model,
             datamodule,
-            self.runner.states,
+            self.runner.store,
             options,
             client_transforms=self.client_transforms,
             context=self.runner.context,
@@ -211,7 +214,7 @@ class FederatedLoop:
             output_dir=self.output_dir,
             global_model=model,
             recorder=self.recorder,
-            clients=self.runner.states,
+            clients=self.runner.store,
             callbacks=self.callbacks,
             client_callbacks=self.client_callbacks,
             ledgers=[*self.callbacks, *self.components()],
@@ -243,17 +246,21 @@ class FederatedLoop:
             callbacks=self.callbacks,
             vectorize=self.vectorised.mode,
         )
-        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner, fingerprint)
+        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner.store, fingerprint)
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
 
     @property
-    def clients(self) -> list[Any]:
+    def clients(self) -> ClientStore:
         """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
-        return self.runner.states
+        return self.runner.store
 
     @property
     def history(self) -> list[dict[str, Any]]:
         return self.recorder.history
+
+    def global_public_state(self) -> dict[str, Tensor]:
+        """A copy of the committed public global state."""
+        return global_state_of(self.parts)
 
     def round_context(self) -> RoundContext:
         """The :class:`RoundContext` of round ``round_idx`` from the committed global state (metrics not kept)."""
@@ -292,7 +299,7 @@ class FederatedLoop:
 
     def client_setup_context(self) -> ClientSetupContext:
         """What the client transforms' client-side set-up (``setup_clients``) receives: the clients' own states."""
-        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.states))
+        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.store))
 
     def prepare(self, *, resume: bool = False, pool: ClientPool | None = None) -> None:
         """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.

@@ -91,8 +91,8 @@ class Round:
         selected = self.selector.select(ctx)
         for client_id in selected:  # whose client-side state may change in the round
             report.touch(client_id)
-        for cb in self.callbacks:
-            cb.on_round_start(federation, round_idx, selected)
+        for cb in self.callbacks:  # each its own list: a callback cannot change who trains
+            cb.on_round_start(federation, round_idx, list(selected))
         clients = self.client_step.run(ctx, selected, federation)
         server = self.server_step.run(ctx, clients, global_state=global_state, federation=federation)
         report.log_metrics(server.metrics)

@@ -86,8 +86,8 @@ class RoundLoop:
         self.parts.recorder.end_round(entry)
         report = RoundReport(touched=list(result.touched), stop=result.stop)
         federation = self.federation.at(result.round_idx, report)
-        for cb in self.callbacks:
-            cb.on_round_end(federation, result.round_idx, entry)
+        for cb in self.callbacks:  # each its own copy: a callback cannot rewrite the history
+            cb.on_round_end(federation, result.round_idx, dict(entry))
         entry.update(report.metrics)
         return entry, report
 

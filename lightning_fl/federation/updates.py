@@ -195,9 +195,9 @@ class Downlink:
         self.transforms = tuple(transforms)
 
     def send(self, ctx: ClientContext) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
-        """The state client ``ctx.client_id`` receives (copies, so the client cannot touch the global model), and the
-        offset from the global state a persistent broadcast added (``None`` without one)."""
-        state = {k: v.detach().clone() for k, v in ctx.global_state.items()}
+        """The state client ``ctx.client_id`` receives (the context's copies, so the client cannot touch the global
+        model), and the offset from the global state a persistent broadcast added (``None`` without one)."""
+        state = dict(ctx.global_state)
         for transform in self.transforms:
             state = transform(state, ctx=ctx)
         if not any(t.persistent for t in self.transforms):

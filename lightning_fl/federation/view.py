@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
+    from lightning_fl.federation.client_store import ClientStore
     from lightning_fl.federation.recording import RunRecorder
 
 __all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundReport"]
@@ -169,7 +170,7 @@ class FederationView:
         output_dir: Path,
         global_model: L.LightningModule,
         recorder: RunRecorder,
-        clients: Sequence[ClientState],
+        clients: ClientStore,
         callbacks: Sequence[Any],
         client_callbacks: Sequence[L.Callback],
         ledgers: Sequence[Any],
@@ -248,7 +249,7 @@ class FederationView:
         The one way a callback changes a client's state: for a callback that models client-side work (a DP
         accountant keeps its state per client). The value is stored as a copy and committed with the round.
         """
-        self._clients[client_id].extra[key] = copy.deepcopy(value)
+        self._clients.set_extra(client_id, key, value)
         self._report.touch(client_id)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
