@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from lightning_fl import ClientFailure, FederatedCallback, SetupContext
+from lightning_fl import FederatedCallback, SetupContext
 from lightning_fl.contexts import ClientSetupContext
 from lightning_fl.private import public_state
 from lightning_fl.server import FedAvg, UniformSelector
 from tests.conftest import three_keylock_clients
+from tests.federation.test_round import fail_client_1
 
 
 class Vandal(FedAvg):
@@ -114,14 +115,7 @@ def test_the_view_tells_which_callbacks_run_but_hands_none_out(tmp_path) -> None
 
 def test_the_steps_run_on_their_own_and_return_what_changed(tmp_path, monkeypatch) -> None:
     loop = three_keylock_clients(tmp_path)
-    fit = loop.runner.fit
-
-    def fails_for_client_1(ctx, received, **kwargs):
-        if ctx.client_id == 1:
-            raise ClientFailure(1, "training", "lost power")
-        return fit(ctx, received, **kwargs)
-
-    monkeypatch.setattr(loop.runner, "fit", fails_for_client_1)
+    fail_client_1(loop, monkeypatch)
     before = _final_state(loop)
     ctx = loop.round_context()
     with pytest.warns(UserWarning, match="client 1 failed"):

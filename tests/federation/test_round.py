@@ -25,7 +25,8 @@ class FailureAware(FedAvg):
         return super().aggregate(updates, ctx=ctx)
 
 
-def _failing_client_1(loop, monkeypatch) -> None:
+def fail_client_1(loop, monkeypatch) -> None:
+    """Make client 1's local fit raise its own ``ClientFailure`` (it lost power)."""
     fit = loop.runner.fit
 
     def fit_or_fail(ctx, received, **kwargs):
@@ -39,7 +40,7 @@ def _failing_client_1(loop, monkeypatch) -> None:
 @pytest.mark.parametrize("aggregator", [FailureAware(), FedAvg()], ids=["declares-failures", "without-failures"])
 def test_a_round_returns_its_values_and_changes_no_model(tmp_path, monkeypatch, aggregator) -> None:
     loop = three_keylock_clients(tmp_path, aggregator=aggregator)
-    _failing_client_1(loop, monkeypatch)
+    fail_client_1(loop, monkeypatch)
     before = {k: v.clone() for k, v in public_state(loop.global_model).items()}
     one_round = loop._rounds(None).round
     with pytest.warns(UserWarning, match="client 1 failed"):
