@@ -30,6 +30,7 @@ from lightning_fl import FederatedDataModule, ImageClassifier
 from lightning_fl.bench import build_loop, fit_config_spec
 from lightning_fl.federation import client_runner, derive_seed
 from lightning_fl.federation.client_runner import seed_all as _seed_all
+from lightning_fl.federation.round import Round
 
 BACKBONE = "lenet_dlg"
 DEVICE = "cpu"
@@ -62,7 +63,7 @@ def run_lightning(
     loop.evaluator.lean = inner_fit != "trainer"
     print(f"inner fit: {loop.runner.inner_fit_for()}")
     parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0, "finalize": 0.0, "rounds": 0.0, "rounds_wall": 0.0}
-    make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop.evaluate
+    make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop._evaluate
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -74,27 +75,28 @@ def run_lightning(
 
         return wrapper
 
-    client_runner.build_trainer, loop.runner.fit, loop.evaluate = (
+    client_runner.build_trainer, loop.runner.fit, loop._evaluate = (
         timed("trainer_init", make),
         timed("fit", fit_client),
         timed("evaluate", evaluate),
     )
     loop.recorder.finalize = timed("finalize", loop.recorder.finalize)
-    run_round = timed("rounds", loop.run_round)
+    original_round = Round.run
+    run_round = timed("rounds", original_round)
 
-    def run_round_wall():
+    def run_round_wall(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return run_round()
+            return run_round(*args, **kwargs)
         finally:
             parts["rounds_wall"] += time.perf_counter() - start
 
-    loop.run_round = run_round_wall
+    Round.run = run_round_wall
     start = time.perf_counter(), time.process_time()
     try:
         summary = loop.fit()
     finally:
-        client_runner.build_trainer = make
+        client_runner.build_trainer, Round.run = make, original_round
     total = time.process_time() - start[1], time.perf_counter() - start[0]
     parts["fit"] -= parts["trainer_init"]
     return total, summary["test_accuracy"], parts

@@ -51,7 +51,7 @@ def client_updates(num_clients: int) -> tuple[list[dict[str, torch.Tensor]], lis
     }
     with scratch_loop(spec) as loop:
         loop.prepare()
-        updates = loop.client_step.run(loop.round_context(), list(range(num_clients))).updates
+        updates = loop.client_step.run(loop.round_context(), list(range(num_clients)), loop.view).updates
     return [u.delta for u in updates], [u.num_samples for u in updates]
 
 

@@ -137,7 +137,7 @@ def run_workers(
         phases: dict[str, list[float]] = {}
         originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
         originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
-        time_calls(loop, "evaluate", phases)
+        time_calls(loop, "_evaluate", phases, "evaluate")  # what the round loop calls after a round
         time_calls(loop.server_step, "run", phases, "server round")
         time_calls(loop.runner, "fit", phases, "client fits here")
         for name in ("job", "collect"):  # packing jobs, unpacking results (loop process)

@@ -34,6 +34,7 @@ from scaling import federation_spec, time_calls
 
 from lightning_fl.bench import build_loop
 from lightning_fl.federation.client_round import ClientStep
+from lightning_fl.federation.round import Round
 from lightning_fl.federation.vectorised_layers import StackedConv2d
 from lightning_fl.models.lenet import LeNetDLG
 
@@ -59,13 +60,13 @@ def _fit(
     with tempfile.TemporaryDirectory() as out:
         loop = build_loop(spec, out)
         phases: dict[str, list[float]] = {}
-        time_calls(loop, "run_round", phases, "rounds", synchronize=torch.cuda.is_available())
-        run = ClientStep.run  # the loop builds its client step when it fits: time the class's method, then restore it
+        run, run_round = ClientStep.run, Round.run  # the loop builds them when it fits: time the classes' methods
+        time_calls(Round, "run", phases, "rounds", synchronize=torch.cuda.is_available())
         time_calls(ClientStep, "run", phases, "clients", synchronize=torch.cuda.is_available())
         try:
             loop.fit()
         finally:
-            ClientStep.run = run
+            ClientStep.run, Round.run = run, run_round
         return phases, loop.history
 
 

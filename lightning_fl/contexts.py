@@ -103,25 +103,22 @@ class FederationSpec:
         seed: int,
         min_clients: int = 1,
     ) -> FederationSpec:
-        """The spec of a run of ``model`` on ``datamodule`` (set up), validating the loop's settings.
+        """The spec of a run of ``model`` on ``datamodule`` (set up), validating the loop's settings (:meth:`check`).
 
         Raises:
             ValueError: naming the setting and the fix.
         """
-        if num_rounds < 0:
-            raise ValueError(f"loop.num_rounds={num_rounds} must be >= 0.")
-        if local_steps is None and local_epochs < 1:
-            raise ValueError(f"loop.local_epochs={local_epochs} must be >= 1 (or set loop.local_steps).")
-        if local_steps is not None and local_steps < 1:
-            raise ValueError(f"loop.local_steps={local_steps} must be >= 1 or null.")
         from lightning_fl.private import public_state
 
         num_clients = datamodule.num_clients
-        per_round = _resolve_clients_per_round(clients_per_round, num_clients)
-        if not 1 <= min_clients <= per_round:
-            raise ValueError(
-                f"loop.min_clients={min_clients} must be between 1 and loop.clients_per_round ({per_round})."
-            )
+        per_round = cls.check(
+            num_clients,
+            clients_per_round=clients_per_round,
+            num_rounds=num_rounds,
+            local_epochs=local_epochs,
+            local_steps=local_steps,
+            min_clients=min_clients,
+        )
         return cls(
             num_clients=num_clients,
             clients_per_round=per_round,
@@ -135,6 +132,38 @@ class FederationSpec:
             num_classes=datamodule.num_classes,
             input_shape=tuple(datamodule.input_shape),
         )
+
+    @staticmethod
+    def check(
+        num_clients: int,
+        *,
+        clients_per_round: int | float,
+        num_rounds: int,
+        local_epochs: int,
+        local_steps: int | None,
+        min_clients: int = 1,
+    ) -> int:
+        """Validate the loop's settings for ``num_clients`` clients; returns the clients per round.
+
+        Raises:
+            ValueError: naming the setting and the fix.
+
+        Example:
+            >>> FederationSpec.check(10, clients_per_round=0.5, num_rounds=3, local_epochs=1, local_steps=None)
+            5
+        """
+        if num_rounds < 0:
+            raise ValueError(f"loop.num_rounds={num_rounds} must be >= 0.")
+        if local_steps is None and local_epochs < 1:
+            raise ValueError(f"loop.local_epochs={local_epochs} must be >= 1 (or set loop.local_steps).")
+        if local_steps is not None and local_steps < 1:
+            raise ValueError(f"loop.local_steps={local_steps} must be >= 1 or null.")
+        per_round = _resolve_clients_per_round(clients_per_round, num_clients)
+        if not 1 <= min_clients <= per_round:
+            raise ValueError(
+                f"loop.min_clients={min_clients} must be between 1 and loop.clients_per_round ({per_round})."
+            )
+        return per_round
 
     def steps_per_round(self, client_id: int) -> int:
         """Local optimiser steps of client ``client_id`` in one round."""
@@ -198,14 +227,18 @@ class ClientState:
 
 
 class StateSnapshot(Mapping[str, Tensor]):
-    """A read-only mapping of detached tensor copies, taken once (``StateSnapshot.of`` reuses a snapshot).
+    """A read-only mapping of detached tensor copies, taken once; every read hands out a new copy.
+
+    The copy taken at construction never leaves the snapshot, so contexts may share one snapshot
+    (``StateSnapshot.of`` reuses it) and a plug-in that writes in place into what it read changes only its own copy:
+    no other plug-in, client or aggregator sees the write.
 
     Example:
         >>> live = {"w": torch.zeros(2)}
         >>> snap = StateSnapshot.of(live)
         >>> _ = snap["w"].add_(1.0)
-        >>> live["w"], StateSnapshot.of(snap) is snap
-        (tensor([0., 0.]), True)
+        >>> live["w"], snap["w"], StateSnapshot.of(snap) is snap
+        (tensor([0., 0.]), tensor([0., 0.]), True)
     """
 
     __slots__ = ("_state",)
@@ -219,7 +252,7 @@ class StateSnapshot(Mapping[str, Tensor]):
         return state if isinstance(state, StateSnapshot) else cls(state)
 
     def __getitem__(self, key: str) -> Tensor:
-        return self._state[key]
+        return self._state[key].clone()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._state)
@@ -239,9 +272,9 @@ class RoundContext:
         spec: the run's shape.
         round_idx: 0-based round.
         global_state: the public global state at the start of the round. The context holds a
-            :class:`StateSnapshot` of it (detached copies), so a plug-in that writes into these tensors changes
-            only its own copy, never the global model; the loop changes the model only through the value the
-            aggregator and the server transforms return.
+            :class:`StateSnapshot` of it, whose every read is a new copy, so a plug-in that writes into these tensors
+            changes only its own copy, never the global model, another plug-in's view or a client's; the loop changes
+            the model only through the value the aggregator and the server transforms return.
         metrics_sink: where :meth:`log_metrics` sends metrics (the round's history entry and the loggers).
     """
 
@@ -310,7 +343,6 @@ class SetupContext:
         server_transforms: the server-side chain, for transforms that warn about combinations.
         client_evaluation: the declared evaluation step on the clients' side, for rules that need the clients'
             losses (FedBoosting).
-        metrics_sink: where components that log outside a round (FedBoosting) send metrics.
     """
 
     spec: FederationSpec
@@ -320,7 +352,6 @@ class SetupContext:
     aggregator: object = field(default=None, repr=False)
     server_transforms: tuple[object, ...] = field(default=(), repr=False)
     client_evaluation: ClientEvaluationStep | None = field(default=None, repr=False)
-    metrics_sink: Callable[[dict[str, float]], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

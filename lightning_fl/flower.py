@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState, RoundContext
+from lightning_fl.contexts import ClientContext, ClientState, RoundContext
+from lightning_fl.federation.client_store import ClientFit
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.federation.updates import encode_update
 from lightning_fl.messages import ClientUpdate
@@ -109,7 +110,6 @@ class FlowerPool:
 
     Args:
         grid: the ``ServerApp``'s grid.
-        log_metrics: receives the metrics the client transforms logged (the round's history entry).
         nodes: the SuperNode of each client id.
         timeout: seconds to wait for a round's replies (``None``: until every client replied).
     """
@@ -119,18 +119,11 @@ class FlowerPool:
     def __init__(
         self,
         grid: Any,
-        log_metrics: Callable[[dict[str, float]], None],
         nodes: Mapping[int, int],
         *,
         timeout: float | None = None,
     ) -> None:
-        self.flwr, self.grid, self.log_metrics, self.nodes, self.timeout = (
-            _flwr(),
-            grid,
-            log_metrics,
-            dict(nodes),
-            timeout,
-        )
+        self.flwr, self.grid, self.nodes, self.timeout = _flwr(), grid, dict(nodes), timeout
 
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Send ``(client_id, round_idx, received)`` as ``train`` messages; the replies (or why none came) by id."""
@@ -155,8 +148,9 @@ class FlowerPool:
             replies[client_of[reply.metadata.src_node_id]] = reply
         return replies
 
-    def collect(self, reply: Any) -> ClientUpdate:
-        """The encoded update in ``reply``; logs the metrics its client transforms logged.
+    def collect(self, reply: Any, *, ctx: ClientContext) -> ClientFit:
+        """The fit in ``reply`` (its encoded update; the private state stays on the node); logs the metrics its client
+        transforms logged through ``ctx``.
 
         Raises:
             ClientFailure: with the ClientApp's error when the client failed, or when it did not reply: a remote
@@ -170,9 +164,9 @@ class FlowerPool:
         content = reply.content
         meta, logged = dict(content["metadata"]), dict(content["logged"])
         if logged:
-            self.log_metrics(logged)
+            ctx.log_metrics(logged)
         report = content["report"]
-        return ClientUpdate(
+        update = ClientUpdate(
             client_id=int(report["client"]),
             round_idx=int(report["round"]),
             delta=content["arrays"].to_torch_state_dict(),
@@ -180,6 +174,7 @@ class FlowerPool:
             loss=float(content["metrics"]["loss"]),
             metadata={k: meta.get(k) for k in ("local_steps", "local_epochs", "lr", "optimizer", "batch_size")},
         )
+        return ClientFit(update)  # the client's private state stays on its node
 
     def close(self) -> None:
         """Nothing to stop: the SuperNodes belong to Flower."""
@@ -227,21 +222,20 @@ def client_train(build: Callable[[], FederatedLoop], key: str, message: Any, con
         raise ValueError(f"message for client {config['client']} reached the node of client {client_id}.")
     received = message.content["arrays"].to_torch_state_dict()
     stored = context.state.config_records.get(_STATE_KEY)
-    runner.states[client_id] = (
-        ClientState.from_state_dict(_from_bytes(stored["state"])) if stored else ClientState(client_id)
-    )
+    store = runner.store
+    store.restore(ClientState.from_state_dict(_from_bytes(stored["state"])) if stored else ClientState(client_id))
     logged: dict[str, float] = {}
     try:
         round_ctx = RoundContext(loop.spec, int(config["round"]), received, logged.update)
         ctx = runner.context(round_ctx, client_id)
-        update, refused = encode_update(
-            runner.fit(ctx, received), loop.client_transforms, ctx=ctx, max_norm=loop.max_update_norm
-        )
+        fit = runner.fit(ctx, received)
+        store.keep_fit(client_id, fit.private or {})
+        update, refused = encode_update(fit.update, loop.client_transforms, ctx=ctx, max_norm=loop.max_update_norm)
         if refused is not None:
             raise RuntimeError(f"update not sent: {refused}")
-        context.state[_STATE_KEY] = app.ConfigRecord({"state": _to_bytes(runner.states[client_id].state_dict())})
+        context.state[_STATE_KEY] = app.ConfigRecord({"state": _to_bytes(store[client_id].state_dict())})
     finally:
-        runner.states[client_id] = ClientState(client_id)  # the process keeps no client's state between messages
+        store.forget(client_id)  # the process keeps no client's state between messages
     loss = update.loss if math.isfinite(update.loss) else float("nan")
     content = {
         "arrays": app.ArrayRecord(torch_state_dict={k: v.detach().cpu() for k, v in update.delta.items()}),
@@ -325,7 +319,7 @@ class FlowerFederation:
         def main(grid: Any, context: Any) -> None:
             loop = self.loop
             nodes = discover_nodes(grid, loop.num_clients, timeout=self.node_timeout)
-            self.summary = loop.fit(pool=FlowerPool(grid, loop.log_metrics, nodes))
+            self.summary = loop.fit(pool=FlowerPool(grid, nodes))
 
         return app
 

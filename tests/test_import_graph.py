@@ -1,4 +1,5 @@
-"""The package's import graph has no circle, and no part of the federation but ``loop.py`` receives the loop.
+"""The package's import graph has no circle, no part of the federation but ``loop.py`` receives the loop or builds
+the run's collaborators, and no object writes into a step object.
 
 Every ``import`` counts, also those under ``TYPE_CHECKING`` and inside functions: a circle of type-only imports is
 still two modules that each need the other to be read.
@@ -94,4 +95,97 @@ def test_only_loop_py_in_the_federation_receives_the_loop() -> None:
                 offenders.append(f"{path.name} imports the loop")
             if isinstance(node, ast.arg) and (node.arg == "loop" or "FederatedLoop" in ast.unparse(node)):
                 offenders.append(f"{path.name}:{node.lineno} takes {ast.unparse(node)}")
+    assert offenders == []
+
+
+ROUND_MODULES = ("round.py", "round_loop.py", "client_round.py", "server_round.py", "updates.py", "leak_points.py")
+"""The federation modules a round runs through (``loop.py`` assembles them)."""
+
+COLLABORATORS = {
+    "Checkpoint",
+    "ClientEvaluation",
+    "ClientRunner",
+    "ClientStep",
+    "ClientStore",
+    "Downlink",
+    "Evaluator",
+    "FederationView",
+    "LeakPoints",
+    "RankPool",
+    "RayPool",
+    "Round",
+    "RoundLoop",
+    "RunLock",
+    "RunParts",
+    "RunRecorder",
+    "ServerStep",
+    "VectorisedClients",
+    "WorkerPool",
+}
+"""The long-lived parts of a run; values (results, reports, contexts, messages) are not among them."""
+
+STEP_CLASSES = ("Round", "RoundLoop", "ClientStep", "ServerStep", "Downlink", "LeakPoints")
+
+
+def _calls(tree: ast.AST) -> set[str]:
+    return {
+        node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute)
+    }
+
+
+def test_no_module_in_the_round_but_loop_py_builds_collaborators() -> None:
+    built = {
+        name: sorted(_calls(ast.parse((PACKAGE / "federation" / name).read_text())) & COLLABORATORS)
+        for name in ROUND_MODULES
+    }
+    assert {name: found for name, found in built.items() if found} == {}
+    assert {"Round", "RoundLoop", "ClientStep", "ServerStep"} <= _calls(
+        ast.parse((PACKAGE / "federation" / "loop.py").read_text())
+    )  # the check can fail: loop.py does build them
+
+
+def _step_attributes() -> set[str]:
+    """Every attribute a step class sets on ``self``."""
+    names = set()
+    for path in (PACKAGE / "federation").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in STEP_CLASSES:
+                names |= {attribute for _, owner, attribute in _writes(node) if owner == "self"}
+    return names
+
+
+def _writes(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """``(line, owner, attribute)`` of every attribute assignment and ``setattr`` call in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            found.append((node.lineno, ast.unparse(node.value), node.attr))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            owner, attribute = node.args[0], node.args[1]
+            name = attribute.value if isinstance(attribute, ast.Constant) else ast.unparse(attribute)
+            found.append((node.lineno, ast.unparse(owner), str(name)))
+    return found
+
+
+def test_no_object_writes_an_attribute_of_a_step_object() -> None:
+    attributes = _step_attributes()
+    assert {"client_step", "server_step", "selector", "callbacks"} & attributes  # the check can fail
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, owner, attribute in _writes(ast.parse(path.read_text())):
+            if owner != "self" and attribute in attributes:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{line} writes {owner}.{attribute}")
+    assert offenders == []
+
+
+def test_a_step_object_writes_its_own_attributes_only_when_it_is_built() -> None:
+    offenders = []
+    for name in ROUND_MODULES:
+        for node in ast.walk(ast.parse((PACKAGE / "federation" / name).read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in STEP_CLASSES:
+                for method in (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"):
+                    writes = [f"self.{a}" for _, owner, a in _writes(method) if owner == "self"]
+                    offenders += [f"{name}: {node.name}.{method.name} writes {w}" for w in writes]
     assert offenders == []

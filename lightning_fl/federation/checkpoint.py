@@ -37,7 +37,7 @@ from lightning_fl.federation.integrity import check_client_file, check_manifest_
 from lightning_fl.private import load_state_into, public_state
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.client_store import ClientStore
 
 __all__ = [
     "FORMAT",
@@ -161,7 +161,7 @@ class RunParts:
         components: the stateful server-side parts (selector, aggregator, transforms), in checkpoint order.
         callbacks: the FL callbacks (their ``state_dict``).
         recorder: the run's history and attack results.
-        runner: the client store (each client's own state, the initial private layers).
+        store: the client store (each client's own state, the initial private layers).
         fingerprint: computes the settings that define the federation (see
             :func:`~lightning_fl.federation.fingerprint.federation_fingerprint`).
     """
@@ -170,7 +170,7 @@ class RunParts:
     components: Sequence[Stateful]
     callbacks: Sequence[Stateful]
     recorder: Stateful
-    runner: ClientRunner
+    store: ClientStore
     fingerprint: Callable[[], dict[str, Any]]
 
 
@@ -264,8 +264,8 @@ class Checkpoint:
         self.save(
             server,
             round_idx=round_idx,
-            clients=parts.runner.state_dicts(list(touched)),
-            initial_private=parts.runner.initial_private,
+            clients=parts.store.state_dicts(touched),
+            initial_private=parts.store.initial_private,
             fingerprint=self.fingerprint(parts),
         )
 
@@ -408,12 +408,12 @@ class Checkpoint:
         for cb, cb_state in zip(parts.callbacks, state["callbacks"], strict=True):
             cb.load_state_dict(cb_state)
         parts.recorder.load_state_dict(state)
-        runner = parts.runner
+        store = parts.store
         if manifest["initial_private"] is not None:  # the global model's own private layers never change
-            runner.initial_private = self._read(manifest["initial_private"])
-            load_state_into(parts.global_model, runner.initial_private)
+            store.restore_initial_private(self._read(manifest["initial_private"]))
+            load_state_into(parts.global_model, store.initial_private)
         for k in manifest["clients"]:
-            runner.states[int(k)] = self.load_client(int(k), manifest)
+            store.restore(self.load_client(int(k), manifest))
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
         return int(state["round_idx"])
 

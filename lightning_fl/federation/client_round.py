@@ -5,26 +5,25 @@ downlink (broadcast transforms), trains it (in this process with the gradient ta
 with the round's other clients by the vectorised clients), runs the fit-end callbacks, encodes the update with the
 client transforms, drops failed clients (a :class:`~lightning_fl.federation.failures.ClientFailure`; any other error
 propagates), unsound updates and norm outliers with a warning, and reports each kept update at the client-update
-leak point (type 1). :func:`open_pool` chooses the pool (local worker processes, Ray actors or DDP ranks) that
-trains the clients during one ``fit``.
+leak point (type 1). The pool that trains the clients of a ``fit`` (local worker processes, Ray actors or DDP ranks)
+is opened by :func:`~lightning_fl.federation.pools.open_pool`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
+import dataclasses
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from lightning_fl.federation.distributed import RankPool, Ranks
 from lightning_fl.federation.failures import ClientFailure, log_failure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
-from lightning_fl.federation.workers import WorkerPool
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
@@ -33,13 +32,14 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.client_store import ClientFit
     from lightning_fl.federation.leak_points import LeakPoints
     from lightning_fl.federation.updates import Downlink
     from lightning_fl.federation.vectorised_clients import VectorisedClients
     from lightning_fl.federation.view import FederationView
     from lightning_fl.transforms import ClientTransform
 
-__all__ = ["ClientPool", "ClientStep", "ClientStepResult", "open_pool"]
+__all__ = ["ClientPool", "ClientStep", "ClientStepResult", "copy_update"]
 
 log = logging.getLogger("lightning_fl.federation.loop")  # client failures stay logged under the loop's name
 
@@ -56,8 +56,9 @@ class ClientPool(Protocol):
     def run(self, fits: Sequence[tuple[int, int, dict[str, Tensor]]]) -> dict[int, Any]:
         """Train ``(client_id, round_idx, received)`` for each fit; one result per client id."""
 
-    def collect(self, result: Any) -> ClientUpdate:
-        """The update in ``result``; raises ``ClientFailure`` for a client that failed."""
+    def collect(self, result: Any, *, ctx: ClientContext) -> ClientFit:
+        """The fit in ``result`` (metrics its client logged go to ``ctx``); raises ``ClientFailure`` for a client
+        that failed."""
 
     def close(self) -> None:
         """Stop what the pool started."""
@@ -65,52 +66,38 @@ class ClientPool(Protocol):
 
 @dataclass(frozen=True)
 class ClientStepResult:
-    """What the client step returns: the checked updates, and why each dropped client was dropped.
+    """What the client step returns: the checked updates, why each dropped client was dropped, what was broadcast.
 
     Args:
         updates: the updates that passed every check, in the order of the selection.
         failures: client id to the reason it was dropped (failed, unsound update, norm outlier).
+        offsets: client id to the offset a persistent broadcast added to what it received (see
+            :class:`~lightning_fl.federation.updates.Downlink`); empty without one.
     """
 
     updates: list[ClientUpdate]
     failures: dict[int, str] = field(default_factory=dict)
+    offsets: dict[int, dict[str, Tensor]] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def open_pool(
-    runner: ClientRunner,
-    *,
-    workers: int,
-    backend: Literal["processes", "ray"],
-    ranks: Ranks | None,
-    taps_local_gradients: bool,
-) -> Iterator[ClientPool | None]:
-    """The pool that trains the clients of one ``fit``: ``workers`` processes, Ray actors, or the DDP ``ranks``;
-    ``None`` (train in this process) by default. Closed when the block ends.
+def copy_update(update: ClientUpdate) -> ClientUpdate:
+    """``update`` with copies of its tensors (what a callback may read and write without touching the original).
 
-    Raises:
-        ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
+    Example:
+        >>> import torch
+        >>> update = ClientUpdate(0, 0, {"w": torch.zeros(1)}, 1, 0.0)
+        >>> _ = copy_update(update).delta["w"].add_(1.0)
+        >>> update.delta["w"]
+        tensor([0.])
     """
-    if workers == 1 and backend == "processes" and ranks is None:
-        yield None
-        return
-    if taps_local_gradients:
-        raise ValueError(
-            "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
-            "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
-        )
-    if ranks is not None:
-        pool: ClientPool = RankPool(runner, ranks)
-    elif backend == "ray":
-        from lightning_fl.federation.ray_backend import RayPool
+    delta = {k: v.detach().clone() for k, v in update.delta.items()}
+    return dataclasses.replace(update, delta=delta, metadata=copy.deepcopy(update.metadata))
 
-        pool = RayPool(runner, workers)
-    else:
-        pool = WorkerPool(runner, workers)
-    try:
-        yield pool
-    finally:
-        pool.close()
+
+def _overrides(callback: FederatedCallback, hook: str) -> bool:
+    from lightning_fl.callbacks.base import FederatedCallback
+
+    return getattr(type(callback), hook) is not getattr(FederatedCallback, hook)
 
 
 class ClientStep:
@@ -126,8 +113,7 @@ class ClientStep:
         leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
         client_transforms: the client-side chain each update passes before it is sent (clip, noise, encrypt).
         client_callbacks: Lightning callbacks added to each client's Trainer.
-        callbacks: the FL callbacks, called with ``federation`` at the start and end of each client fit.
-        federation: the read-only view the FL callbacks receive.
+        callbacks: the FL callbacks, called with the round's view at the start and end of each client fit.
         max_update_norm_ratio, max_update_norm: the update-norm bounds (``inf``: off), see
             :func:`~lightning_fl.federation.updates.drop_norm_outliers`.
         min_clients: the fewest valid updates a round may keep.
@@ -144,25 +130,26 @@ class ClientStep:
         client_transforms: Sequence[ClientTransform],
         client_callbacks: Sequence[L.Callback],
         callbacks: Sequence[FederatedCallback],
-        federation: FederationView,
         max_update_norm_ratio: float,
         max_update_norm: float,
         min_clients: int,
     ) -> None:
         self.runner, self.pool, self.vectorised, self.downlink, self.leaks = runner, pool, vectorised, downlink, leaks
         self.client_transforms = () if pool is not None and pool.encodes else tuple(client_transforms)
-        self.client_callbacks, self.callbacks, self.federation = tuple(client_callbacks), tuple(callbacks), federation
+        self.client_callbacks, self.callbacks = tuple(client_callbacks), tuple(callbacks)
         self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
         self.min_clients = min_clients
 
-    def run(self, round_ctx: RoundContext, selected: Sequence[int]) -> ClientStepResult:
-        """Train ``selected`` and return the updates that pass every check (at least ``min_clients``).
+    def run(self, round_ctx: RoundContext, selected: Sequence[int], federation: FederationView) -> ClientStepResult:
+        """Train ``selected`` and return the updates that pass every check (at least ``min_clients``); the FL
+        callbacks receive ``federation``, the round's view.
 
         Raises:
             RuntimeError: when fewer than ``min_clients`` valid updates remain.
         """
         failures: dict[int, str] = {}
-        trained = self._train(round_ctx, selected, failures)
+        offsets: dict[int, dict[str, Tensor]] = {}
+        trained = self._train(round_ctx, selected, federation, failures, offsets)
         updates = drop_norm_outliers(
             trained,
             max_ratio=self.max_update_norm_ratio,
@@ -177,54 +164,79 @@ class ClientStep:
                 f"selected) but loop.min_clients={self.min_clients}; see the warnings above for why clients were "
                 "dropped."
             )
-        return ClientStepResult(updates, failures)
+        return ClientStepResult(updates, failures, {k: v for k, v in offsets.items() if k in kept})
 
-    def _train(self, round_ctx: RoundContext, selected: Sequence[int], failures: dict[int, str]) -> list[ClientUpdate]:
+    def _train(
+        self,
+        round_ctx: RoundContext,
+        selected: Sequence[int],
+        federation: FederationView,
+        failures: dict[int, str],
+        offsets: dict[int, dict[str, Tensor]],
+    ) -> list[ClientUpdate]:
         """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool."""
         round_idx = round_ctx.round_idx
         pool: ClientPool | VectorisedClients | None = self.pool
         if pool is None and self.vectorised is not None:
             pool = self.vectorised.for_round(
-                [self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k) for k in selected]
+                [
+                    self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
+                    for k in selected
+                ]
             )
         if pool is None:
             updates = []
             for k in selected:
-                ctx, received = self._start(round_ctx, k)
-                callbacks = self.leaks.with_tap(self.client_callbacks, round_idx=round_idx, client_id=k)
+                ctx, received = self._start(round_ctx, k, federation, offsets)
+                callbacks = self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
                 train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish(ctx, received, train, failures))
+                updates.append(self._finish(ctx, received, train, federation, failures))
             return [u for u in updates if u is not None]
         started = []
         for k in selected:
-            started.append(self._start(round_ctx, k))
+            started.append(self._start(round_ctx, k, federation, offsets))
             if pool is self.vectorised:  # what the fit-start callbacks set for this client (DP settings)
                 pool.client_started(k)
         results = pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
-            self._finish(ctx, received, functools.partial(pool.collect, results[ctx.client_id]), failures)
+            self._finish(
+                ctx, received, functools.partial(pool.collect, results[ctx.client_id], ctx=ctx), federation, failures
+            )
             for ctx, received in started
         ]
         return [u for u in updates if u is not None]
 
-    def _start(self, round_ctx: RoundContext, client_id: int) -> tuple[ClientContext, dict[str, Tensor]]:
+    def _start(
+        self,
+        round_ctx: RoundContext,
+        client_id: int,
+        federation: FederationView,
+        offsets: dict[int, dict[str, Tensor]],
+    ) -> tuple[ClientContext, dict[str, Tensor]]:
         for cb in self.callbacks:
-            cb.on_client_fit_start(self.federation, client_id)
+            cb.on_client_fit_start(federation, client_id)
         ctx = self.runner.context(round_ctx, client_id)
-        return ctx, self.downlink.send(ctx)
+        received, offset = self.downlink.send(ctx)
+        if offset is not None:
+            offsets[client_id] = offset
+        return ctx, received
 
     def _finish(
         self,
         ctx: ClientContext,
         received: dict[str, Tensor],
-        train: Callable[[], ClientUpdate],
+        train: Callable[[], ClientFit],
+        federation: FederationView,
         failures: dict[int, str],
     ) -> ClientUpdate | None:
         client_id, round_idx = ctx.client_id, ctx.round_idx
         try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
-            update = train()
-            for cb in self.callbacks:
-                cb.on_client_fit_end(self.federation, update)
+            fit = train()
+            update = fit.update
+            if fit.private is not None:  # the client keeps its new private state once its fit succeeded
+                self.runner.store.keep_fit(client_id, fit.private)
+            for cb in self.callbacks:  # each gets its own copy: a write into it never reaches the aggregate
+                cb.on_client_fit_end(federation, copy_update(update) if _overrides(cb, "on_client_fit_end") else update)
             update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
         except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
             failures[client_id] = f"failed ({failure.detail})"
@@ -238,5 +250,5 @@ class ClientStep:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
-        self.leaks.client_update(update, received, trained_on=self.runner.trained_on(client_id))
+        self.leaks.client_update(update, received, federation, trained_on=fit.trained_on)
         return update

@@ -1,7 +1,8 @@
-"""The client runner: trains one whole client on what it received and returns its raw update.
+"""The client runner: trains one whole client on what it received and returns what the fit produced.
 
 This is the seam for parallel back ends: a runner takes a :class:`~lightning_fl.federation.ClientContext` and the
-state the client received and returns a :class:`~lightning_fl.messages.ClientUpdate`. :class:`ClientRunner` does it
+state the client received and returns a :class:`~lightning_fl.federation.client_store.ClientFit` (the raw update,
+the client's new private state, what it trained on). :class:`ClientRunner` does it
 in this process with one reused worker model; worker processes, Ray actors or DDP ranks would each train whole
 clients the same way (same seeds, so the same results) and send the updates back.
 """
@@ -19,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientContext, ClientState, FederationSpec, derive_seed
+from lightning_fl.contexts import ClientContext, FederationSpec, derive_seed
+from lightning_fl.federation.client_store import ClientFit, ClientStore
 from lightning_fl.federation.fabric_fit import FabricFit, FitOutcome, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.failures import client_work
 from lightning_fl.federation.model_contract import split_batch
@@ -55,6 +57,7 @@ class ClientRunner:
         train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
 
     Attributes:
+        store: every client's own state and the initial private state (:class:`ClientStore`, their one writer).
         inner_fit: ``"auto"`` trains plain clients on Lightning Fabric and the others on a ``Trainer`` (see
             :meth:`inner_fit_for`); ``"trainer"`` trains every client on a ``Trainer``. Both give the same result.
     """
@@ -71,15 +74,12 @@ class ClientRunner:
         self.global_model, self.datamodule, self.trainer_options, self.spec = model, datamodule, trainer_options, spec
         self.local_epochs, self.local_steps, self.seed = spec.local_epochs, spec.local_steps, spec.seed
         self.train_loss_key = train_loss_key
-        self.states = [ClientState(k) for k in range(datamodule.num_clients)]
-        self.initial_private = {k: v.detach().clone() for k, v in private_state(model).items()}
+        self.store = ClientStore(datamodule.num_clients, private_state(model))
         self._worker: L.LightningModule | None = None
         self.inner_fit = "auto"
         self._fabric: FabricFit | None = None
         self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
         self.record_drawn = False  # keep what fits by local steps draw (the loop: a callback reads the type-1 leak)
-        self.trained_batches: dict[int, list[Any]] = {}  # by client: the batches of its last fit by local steps
-        self.trained_elsewhere: dict[int, GroundTruth] = {}  # by client: the same, from a fit in another process
 
     @property
     def worker(self) -> L.LightningModule:
@@ -92,15 +92,10 @@ class ClientRunner:
         """Pickled (Ray actors) without the Fabric, which each process builds for itself."""
         return {**self.__dict__, "_fabric": None}
 
-    def trained_on(self, client_id: int) -> GroundTruth | None:
-        """The examples client ``client_id``'s last fit trained on, when it trained by ``local_steps`` (a few batches
-        of its data) and ``record_drawn`` is on, for scoring attacks on its update; ``None`` otherwise (the client's
-        whole training set is then the ground truth). A fit in a worker process, Ray actor or DDP rank hands its
-        record back with its result (:func:`~lightning_fl.federation.workers.collect`). Each record is handed out
-        once."""
-        if client_id in self.trained_elsewhere:
-            return self.trained_elsewhere.pop(client_id)
-        batches = self.trained_batches.pop(client_id, None)
+    def ground_truth(self, batches: Sequence[Any] | None) -> GroundTruth | None:
+        """The examples of the ``batches`` a fit drew (recorded when it trains by ``local_steps`` and ``record_drawn``
+        is on), for scoring attacks on its update; ``None`` without any (the client's whole training set is then the
+        ground truth)."""
         if not batches:
             return None
         inputs, targets = zip(*(split_batch(self.worker, b) for b in batches), strict=True)
@@ -115,20 +110,20 @@ class ClientRunner:
             metrics_sink=round_ctx.metrics_sink,
             client_id=client_id,
             model=self.worker,
-            state=self.states[client_id],
+            state=self.store[client_id],
             val_dataloader=lambda: self.datamodule.val_dataloader(client_id),
         )
 
     def load_client(self, ctx: ClientContext, received: dict[str, Tensor]) -> None:
         """Load the received public state and the client's own private state into the worker."""
-        worker, state = self.worker, self.states[ctx.client_id]
+        worker, state, initial = self.worker, self.store[ctx.client_id], self.store.initial_private
         load_state_into(worker, received)
-        if not self.initial_private:
+        if not initial:
             return
         if state.initialised:
             load_state_into(worker, state.private)
         else:
-            load_state_into(worker, self.initial_private)
+            load_state_into(worker, initial)
             reset_private_state(
                 worker, generator=torch.Generator().manual_seed(derive_seed(self.seed, "private", ctx.client_id))
             )
@@ -151,21 +146,21 @@ class ClientRunner:
 
     def fit(
         self, ctx: ClientContext, received: dict[str, Tensor], *, callbacks: Sequence[L.Callback] = ()
-    ) -> ClientUpdate:
-        """Train client ``ctx.client_id`` on ``received`` and return its raw update (before client transforms).
+    ) -> ClientFit:
+        """Train client ``ctx.client_id`` on ``received``; returns its raw update (before client transforms), its
+        private state and what it trained on. Writes nothing but the worker model.
 
         Raises:
             ClientFailure: when the client's training raised (see :mod:`~lightning_fl.federation.failures`).
         """
         client_id = ctx.client_id
         fabric = self.inner_fit_for(callbacks)[0] == "fabric"
-        outcome, loader = self._train(ctx, received, callbacks, fabric=fabric)
+        outcome, loader, seen = self._train(ctx, received, callbacks, fabric=fabric)
         if outcome is None:  # it logged in a form only the Trainer reduces: this fit and every later one on it
             self._model_reason = "it logs in a form only the Trainer reduces"
-            outcome, loader = self._train(ctx, received, callbacks, fabric=False)
-        return self.update_of(
-            client_id, ctx.round_idx, received, outcome, batch_size=getattr(loader, "batch_size", None)
-        )
+            outcome, loader, seen = self._train(ctx, received, callbacks, fabric=False)
+        batch_size = getattr(loader, "batch_size", None)
+        return self.update_of(client_id, ctx.round_idx, received, outcome, batch_size=batch_size, drawn=seen)
 
     def update_of(
         self,
@@ -175,17 +170,16 @@ class ClientRunner:
         outcome: FitOutcome,
         *,
         batch_size: int | None,
-    ) -> ClientUpdate:
-        """The raw update of client ``client_id``, just trained into the worker from ``received``; keeps the
-        worker's private state as the client's own."""
+        drawn: Sequence[Any] | None = None,
+    ) -> ClientFit:
+        """The fit of client ``client_id``, just trained into the worker from ``received``: its raw update, the
+        worker's private state (the client's own from now on) and the examples of the ``drawn`` batches."""
         worker = self.worker
-        state = self.states[client_id]
-        state.private = {k: v.detach().clone() for k, v in private_state(worker).items()}
-        state.initialised = bool(state.private)
+        private = {k: v.detach().clone() for k, v in private_state(worker).items()}
         local = public_state(worker)
         loss = outcome.metrics.get(self.train_loss_key)
         optimizer = outcome.optimizer
-        return ClientUpdate(
+        update = ClientUpdate(
             client_id=client_id,
             round_idx=round_idx,
             delta={k: (local[k] - received[k]).detach().clone() for k in self.spec.update_keys},
@@ -199,42 +193,40 @@ class ClientRunner:
                 "batch_size": batch_size,
             },
         )
+        return ClientFit(update, private, self.ground_truth(drawn))
 
     def _train(
         self, ctx: ClientContext, received: dict[str, Tensor], callbacks: Sequence[L.Callback], *, fabric: bool
-    ) -> tuple[FitOutcome | None, Any]:
+    ) -> tuple[FitOutcome | None, Any, list[Any] | None]:
         """Load the client, seed its fit and train it on Fabric (``None``: this model needs the Trainer) or on a
-        fresh Lightning ``Trainer`` (any client; callbacks such as Opacus' need it); returns the outcome and loader."""
+        fresh Lightning ``Trainer`` (any client; callbacks such as Opacus' need it); returns the outcome, the loader
+        and the batches it drew (``None`` when not recorded)."""
         self.load_client(ctx, received)
         fit_seed = ctx.seed("fit", ctx.client_id)
         seed_all(fit_seed)
         loader = self.datamodule.train_dataloader(ctx.client_id, seed=fit_seed)
         steps = {"max_steps": self.local_steps or -1, "max_epochs": -1 if self.local_steps else self.local_epochs}
         seen: list[Any] | None = [] if self.local_steps and self.record_drawn else None
-        if seen is not None:
-            self.trained_batches[ctx.client_id] = seen
         if fabric:
             if self._fabric is None:
                 self._fabric = FabricFit()
             with client_work(ctx.client_id, "training"):
-                return self._fabric.fit(self.worker, loader, seen=seen, **steps), loader
+                return self._fabric.fit(self.worker, loader, seen=seen, **steps), loader, seen
         recorder = [] if seen is None else [BatchRecorder(seen)]
         with quiet_lightning():
             trainer = build_trainer(self.trainer_options, callbacks=[*callbacks, *recorder], **steps)
             with client_work(ctx.client_id, "training"):
                 trainer.fit(self.worker, train_dataloaders=loader)
-        return FitOutcome(
-            {k: float(v) for k, v in trainer.callback_metrics.items()},
-            int(trainer.global_step),
-            int(trainer.current_epoch),
-            trainer.optimizers[0] if trainer.optimizers else None,
-        ), loader
-
-    def state_dicts(self, client_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Client-side storage of the clients in ``client_ids`` that hold anything."""
-        return {
-            k: self.states[k].state_dict() for k in client_ids if self.states[k].initialised or self.states[k].extra
-        }
+        return (
+            FitOutcome(
+                {k: float(v) for k, v in trainer.callback_metrics.items()},
+                int(trainer.global_step),
+                int(trainer.current_epoch),
+                trainer.optimizers[0] if trainer.optimizers else None,
+            ),
+            loader,
+            seen,
+        )
 
 
 class BatchRecorder(L.Callback):

@@ -44,8 +44,9 @@ from lightning_fl.federation.workers import ClientResult, collect, fit_job, job
 from lightning_fl.validation import check_device_count
 
 if TYPE_CHECKING:
+    from lightning_fl.contexts import ClientContext
     from lightning_fl.federation.client_runner import ClientRunner
-    from lightning_fl.messages import ClientUpdate
+    from lightning_fl.federation.client_store import ClientFit
 
 __all__ = ["RankPool", "Ranks", "die_with_launcher", "launch", "ranks_requested", "serve", "single_device_options"]
 
@@ -234,7 +235,7 @@ class RankPool:
         self.ranks.sequence += 1
         return {result.client_id: result for result in results}
 
-    def collect(self, result: ClientResult) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientFit:
         """The raw update of ``result``; its private state goes to the client store on rank 0."""
         return collect(self.runner, result)
 

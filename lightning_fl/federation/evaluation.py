@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -22,10 +22,20 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from lightning_fl.contexts import ClientContext, RoundContext
+    from lightning_fl.datamodules.federated import FederatedDataModule
     from lightning_fl.federation.checkpoint import Checkpoint
+    from lightning_fl.federation.client_runner import ClientRunner
     from lightning_fl.transforms import ClientTransform
 
-__all__ = ["ClientEvaluation", "Evaluator", "eval_hook", "logged_metric", "mean_over_clients", "trained_clients"]
+__all__ = [
+    "ClientEvaluation",
+    "Evaluator",
+    "eval_hook",
+    "evaluate_state",
+    "logged_metric",
+    "mean_over_clients",
+    "trained_clients",
+]
 
 EvalOn = Literal["global", "clients"]
 
@@ -228,6 +238,21 @@ class Evaluator:
             load_state_into(worker, client.private)
             scores.append(self.test(worker, loader))
         return float(np.mean(scores))
+
+
+def evaluate_state(
+    public: Mapping[str, Tensor],
+    *,
+    evaluator: Evaluator,
+    model: L.LightningModule,
+    datamodule: FederatedDataModule,
+    runner: ClientRunner,
+) -> float:
+    """The test score of the committed public global state ``public`` (held by ``model``): the global model's, or
+    the mean over the trained clients' own models (``loop.eval_on: clients``, on the runner's worker)."""
+    return evaluator.evaluate(
+        model, datamodule.test_dataloader(), worker=runner.worker, clients=runner.store, public=dict(public)
+    )
 
 
 def trained_clients(model: L.LightningModule, checkpoint: Checkpoint) -> list[ClientState]:

@@ -64,8 +64,9 @@ class LocalGradientTap(L.Callback):
 class LeakPoints:
     """Builds server views for the callbacks that listen at a leak point, and hands them the ground truth apart.
 
+    Each report takes the round's read-only view, which the callbacks receive as their first argument.
+
     Args:
-        federation: the read-only view callbacks receive as their first argument.
         callbacks: the federated callbacks.
         global_model: the global model; views hold fresh copies of it with the public state they refer to.
         datamodule: the federated data (ground truth and public data facts).
@@ -74,14 +75,13 @@ class LeakPoints:
 
     def __init__(
         self,
-        federation: FederationView,
         callbacks: Sequence[FederatedCallback],
         *,
         global_model: L.LightningModule,
         datamodule: FederatedDataModule,
         spec: FederationSpec,
     ) -> None:
-        self.federation, self.callbacks, self.global_model = federation, callbacks, global_model
+        self.callbacks, self.global_model = tuple(callbacks), global_model
         self.datamodule, self.local_epochs = datamodule, spec.local_epochs
 
     def listeners(self, hook: str, **event: Any) -> list[FederatedCallback]:
@@ -98,7 +98,9 @@ class LeakPoints:
             and (not event or cb.wants(hook, **event))
         ]
 
-    def with_tap(self, callbacks: Sequence[L.Callback], *, round_idx: int, client_id: int) -> list[L.Callback]:
+    def with_tap(
+        self, callbacks: Sequence[L.Callback], federation: FederationView, *, round_idx: int, client_id: int
+    ) -> list[L.Callback]:
         """A client's Trainer callbacks, plus the type-2 tap when a callback wants this client's local gradients.
 
         A :class:`LocalGradientSource` among ``callbacks`` (a DP optimiser) releases its noised gradient itself;
@@ -110,7 +112,7 @@ class LeakPoints:
         steps = itertools.count()
 
         def release(model: L.LightningModule, grads: dict[str, Tensor], batch: Any, opt: Any) -> None:
-            self.local_gradient(round_idx, client_id, next(steps), model, grads, batch, opt)
+            self.local_gradient(federation, round_idx, client_id, next(steps), model, grads, batch, opt)
 
         sources = [cb for cb in callbacks if isinstance(cb, LocalGradientSource)]
         for source in sources:
@@ -156,6 +158,7 @@ class LeakPoints:
 
     def local_gradient(
         self,
+        federation: FederationView,
         round_idx: int,
         client_id: int,
         step: int,
@@ -189,12 +192,17 @@ class LeakPoints:
             )
             truth = GroundTruth(inputs.detach().clone(), targets.detach().clone())
             for cb in listeners:
-                cb.on_local_gradient(self.federation, view, truth)
+                cb.on_local_gradient(federation, view, truth)
         except Exception as err:
             raise ServerSideError(f"the local-gradient leak point failed in client {client_id}'s fit: {err!r}") from err
 
     def client_update(
-        self, update: ClientUpdate, received: dict[str, Tensor], *, trained_on: GroundTruth | None = None
+        self,
+        update: ClientUpdate,
+        received: dict[str, Tensor],
+        federation: FederationView,
+        *,
+        trained_on: GroundTruth | None = None,
     ) -> None:
         """Type 1: the update as the server receives it, on the model its client received.
 
@@ -216,10 +224,15 @@ class LeakPoints:
         )
         truth = trained_on if trained_on is not None else self.datamodule.ground_truth(update.client_id)
         for cb in listeners:
-            cb.on_client_update(self.federation, view, truth)
+            cb.on_client_update(federation, view, truth)
 
     def aggregate(
-        self, updates: Sequence[ClientUpdate], *, global_state: dict[str, Tensor], readable: dict[str, Tensor]
+        self,
+        updates: Sequence[ClientUpdate],
+        federation: FederationView,
+        *,
+        global_state: dict[str, Tensor],
+        readable: dict[str, Tensor],
     ) -> None:
         """Type 0: what the server itself can read of the broadcast aggregate (all of it, or its plaintext part).
 
@@ -243,4 +256,4 @@ class LeakPoints:
         parts = [self.datamodule.ground_truth(u.client_id) for u in updates]
         truth = GroundTruth(torch.cat([p.inputs for p in parts]), torch.cat([p.targets for p in parts]))
         for cb in listeners:
-            cb.on_aggregate_end(self.federation, view, truth)
+            cb.on_aggregate_end(federation, view, truth)

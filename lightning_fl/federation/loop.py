@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -29,27 +30,31 @@ from lightning_fl.contexts import ClientSetupContext, FederationSpec, RoundConte
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence, collect_parts
 from lightning_fl.federation.checkpoint import Checkpoint, RunParts
-from lightning_fl.federation.client_round import ClientPool, ClientStep, open_pool
+from lightning_fl.federation.client_round import ClientPool, ClientStep
 from lightning_fl.federation.client_runner import ClientRunner
+from lightning_fl.federation.client_store import ClientStore
 from lightning_fl.federation.composition import check_composition
 from lightning_fl.federation.distributed import Ranks, launch, ranks_requested, serve, single_device_options
-from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator
+from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator, evaluate_state
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
+from lightning_fl.federation.pools import open_pool
 from lightning_fl.federation.recording import RunRecorder
-from lightning_fl.federation.round_loop import RoundLoop
+from lightning_fl.federation.round import Round
+from lightning_fl.federation.round_loop import RoundLoop, global_state_of
 from lightning_fl.federation.run_dir import open_run_dir
 from lightning_fl.federation.run_lock import RunLock
-from lightning_fl.federation.server_round import ServerStep, apply_global_state
+from lightning_fl.federation.server_round import ServerStep
 from lightning_fl.federation.trainers import trainer_options
 from lightning_fl.federation.updates import Downlink, norm_bounds
 from lightning_fl.federation.vectorised_clients import VectorisedClients
-from lightning_fl.federation.view import FederationView, RoundClock
+from lightning_fl.federation.view import FederationView
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+from lightning_fl.validation import check_federated_data
 
 __all__ = ["FederatedLoop"]
 
@@ -153,13 +158,14 @@ class FederatedLoop:
         if self.ranks > 1:
             options = single_device_options(options)
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
+        check_federated_data(datamodule)
         datamodule.setup()  # load and partition now, so data errors surface before any training
         build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
-        build.update(local_steps=local_steps, seed=seed, min_clients=min_clients)
-        FederationSpec.build(model, datamodule, **build)
+        build.update(local_steps=local_steps, min_clients=min_clients)
+        FederationSpec.check(datamodule.num_clients, **build)
         parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
         self.defences = list(defences)
-        self.spec = FederationSpec.build(model, datamodule, **build)  # the update keys of the defended model
+        self.spec = FederationSpec.build(model, datamodule, seed=seed, **build)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
         self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
         self.local_epochs, self.local_steps, self.seed = local_epochs, local_steps, seed
@@ -196,25 +202,27 @@ class FederatedLoop:
         self.client_evaluation = ClientEvaluation(
             model,
             datamodule,
-            self.runner.states,
+            self.runner.store,
             options,
             client_transforms=self.client_transforms,
             context=self.runner.context,
         )
-        self.clock = RoundClock()
+        self._evaluate = functools.partial(
+            evaluate_state, evaluator=self.evaluator, model=model, datamodule=datamodule, runner=self.runner
+        )
+        self.round_idx = 0  # the next round to run
         self.view = FederationView(  # what FL callbacks receive
-            clock=self.clock,
             spec=self.spec,
             num_rounds=num_rounds,
             output_dir=self.output_dir,
             global_model=model,
             recorder=self.recorder,
-            clients=self.runner.states,
+            clients=self.runner.store,
             callbacks=self.callbacks,
             client_callbacks=self.client_callbacks,
             ledgers=[*self.callbacks, *self.components()],
         )
-        self.leaks = LeakPoints(self.view, self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
+        self.leaks = LeakPoints(self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
         self.runner.record_drawn = bool(self.leaks.listeners("on_client_update"))
         self.downlink = Downlink(self.broadcast_transforms)
         self.server_step = ServerStep(
@@ -222,93 +230,15 @@ class FederatedLoop:
             selector=self.selector,
             client_transforms=self.client_transforms,
             server_transforms=self.server_transforms,
-            downlink=self.downlink,
             leaks=self.leaks,
             client_context=self.runner.context,
-            global_state=self.global_public_state,
         )
         self.client_step = self._client_step(None)
-        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner, self.fingerprint)
-        self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
-
-    @property
-    def round_idx(self) -> int:
-        """The round being run; between rounds, the next one to run."""
-        return self.clock.round_idx
-
-    @round_idx.setter
-    def round_idx(self, value: int) -> None:
-        self.clock.round_idx = value
-
-    @property
-    def clients(self) -> list[Any]:
-        """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
-        return self.runner.states
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.recorder.history
-
-    def global_public_state(self) -> dict[str, Tensor]:
-        """The public global state (references into the global model)."""
-        return public_state(self.global_model)
-
-    def round_context(self) -> RoundContext:
-        """The :class:`RoundContext` of the current round (it holds a copy of the public global state)."""
-        return RoundContext(self.spec, self.round_idx, self.global_public_state(), self.recorder.log_metrics)
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Add metrics to the current round's history entry (and the loggers), e.g. ``{"epsilon": 1.2}``."""
-        self.recorder.log_metrics(metrics)
-
-    def record_attack(self, entry: dict[str, Any]) -> None:
-        """Append one attack result to ``summary.json["attacks"]``."""
-        self.recorder.record_attack(entry)
-
-    def request_stop(self, reason: str) -> None:
-        """Stop after the current round (used by the privacy-budget callback)."""
-        self.recorder.stop_reason = reason
-
-    def run_round(self) -> dict[str, Any]:
-        """Run round ``self.round_idx``: select, client step, server step, then load the new global state and
-        evaluate. Returns its history entry."""
-        self.recorder.round_metrics = {}
-        self.downlink.start_round()
-        ctx = self.round_context()
-        selected = self.selector.select(ctx)
-        self.clock.touched = list(selected)  # whose client-side state may have changed: committed with the round
-        for cb in self.callbacks:
-            cb.on_round_start(self.view, self.round_idx, selected)
-        clients = self.client_step.run(ctx, selected)
-        server = self.server_step.run(ctx, clients.updates)
-        self.recorder.log_metrics(server.metrics)
-        apply_global_state(self.global_model, server.global_state)
-        entry = self.recorder.new_entry(self.round_idx, server.updates)
-        if self.evaluator.due(self.round_idx, self.num_rounds):
-            entry["test_accuracy"] = self.evaluate()
-        entry.update(self.recorder.round_metrics)
-        return entry
-
-    def evaluate(self) -> float:
-        """Test accuracy of the global model, or the mean over trained clients' own models (``eval_on``)."""
-        public = {k: v.detach().clone() for k, v in self.global_public_state().items()}
-        loader = self.datamodule.test_dataloader()
-        return self.evaluator.evaluate(
-            self.global_model, loader, worker=self.runner.worker, clients=self.clients, public=public
-        )
-
-    def components(self) -> list[Any]:
-        """The stateful server-side parts, in checkpoint order."""
-        transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
-        return [self.selector, self.aggregator, *transforms]
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The settings that define this federation; a resumed run must match the checkpoint's (see
-        :mod:`lightning_fl.federation.fingerprint`)."""
-        return federation_fingerprint(
+        fingerprint = functools.partial(
+            federation_fingerprint,
             spec=self.spec,
-            datamodule=self.datamodule,
-            model=self.global_model,
+            datamodule=datamodule,
+            model=model,
             defences=self.defences,
             aggregator=self.aggregator,
             selector=self.selector,
@@ -319,6 +249,44 @@ class FederatedLoop:
             callbacks=self.callbacks,
             vectorize=self.vectorised.mode,
         )
+        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner.store, fingerprint)
+        self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
+
+    @property
+    def clients(self) -> ClientStore:
+        """The clients' own states (client-side; only FL callbacks that model a client may read them)."""
+        return self.runner.store
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.recorder.history
+
+    def global_public_state(self) -> dict[str, Tensor]:
+        """A copy of the committed public global state."""
+        return global_state_of(self.parts)
+
+    def round_context(self) -> RoundContext:
+        """The :class:`RoundContext` of round ``round_idx`` from the committed global state (metrics not kept)."""
+        return RoundContext(self.spec, self.round_idx, public_state(self.global_model))
+
+    def run_round(self) -> dict[str, Any]:
+        """Run round ``round_idx`` in this process and commit it in memory (global model, history; no files);
+        returns its history entry. :meth:`fit` runs the rounds of a run."""
+        return self._rounds(None).step(self.round_idx)[0]
+
+    def evaluate(self) -> float:
+        """Test accuracy of the global model, or the mean over trained clients' own models (``eval_on``)."""
+        return self._evaluate(global_state_of(self.parts))
+
+    def components(self) -> list[Any]:
+        """The stateful server-side parts, in checkpoint order."""
+        transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
+        return [self.selector, self.aggregator, *transforms]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that define this federation; a resumed run must match the checkpoint's (see
+        :mod:`lightning_fl.federation.fingerprint`)."""
+        return self.parts.fingerprint()
 
     def setup_context(self) -> SetupContext:
         """What the server-side parts inspect in their ``setup`` (no client state)."""
@@ -330,12 +298,11 @@ class FederatedLoop:
             aggregator=self.aggregator,
             server_transforms=tuple(self.server_transforms),
             client_evaluation=self.client_evaluation,
-            metrics_sink=self.recorder.log_metrics,
         )
 
     def client_setup_context(self) -> ClientSetupContext:
         """What the client transforms' client-side set-up (``setup_clients``) receives: the clients' own states."""
-        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.states))
+        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.store))
 
     def prepare(self, *, resume: bool = False, pool: ClientPool | None = None) -> None:
         """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.
@@ -408,20 +375,9 @@ class FederatedLoop:
             if resume:
                 self.checkpoint.remove_uncommitted()
             with self._pool(ranks, pool) as chosen:
-                self.client_step = self._client_step(chosen)
-                rounds = RoundLoop(
-                    run_round=self.run_round,
-                    commit=self._commit if self.checkpoint.enabled else None,
-                    clock=self.clock,
-                    recorder=self.recorder,
-                    callbacks=self.callbacks,
-                    federation=self.view,
-                    num_rounds=self.num_rounds,
-                    progress_bar=self.progress_bar,
-                )
-                return rounds.run(num_clients=self.num_clients)
+                summary, self.round_idx = self._rounds(chosen).run(start=self.round_idx, num_clients=self.num_clients)
+                return summary
         finally:
-            self.client_step = self._client_step(None)
             self.lock.release()
 
     @contextlib.contextmanager
@@ -445,11 +401,29 @@ class FederatedLoop:
             client_transforms=self.client_transforms,
             client_callbacks=self.client_callbacks,
             callbacks=self.callbacks,
-            federation=self.view,
             max_update_norm_ratio=self.max_update_norm_ratio,
             max_update_norm=self.max_update_norm,
             min_clients=self.min_clients,
         )
 
-    def _commit(self, touched: Sequence[int]) -> None:
-        self.checkpoint.save_run(self.parts, round_idx=self.round_idx, touched=touched)
+    def _rounds(self, pool: ClientPool | None) -> RoundLoop:
+        """The round loop of one ``fit`` whose clients train in ``pool`` (``None``: in this process)."""
+        one_round = Round(
+            spec=self.spec,
+            selector=self.selector,
+            client_step=self.client_step if pool is None else self._client_step(pool),
+            server_step=self.server_step,
+            callbacks=self.callbacks,
+            federation=self.view,
+        )
+        return RoundLoop(
+            round=one_round,
+            parts=self.parts,
+            checkpoint=self.checkpoint if self.checkpoint.enabled else None,
+            evaluator=self.evaluator,
+            evaluate=self._evaluate,
+            callbacks=self.callbacks,
+            federation=self.view,
+            num_rounds=self.num_rounds,
+            progress_bar=self.progress_bar,
+        )

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState
+from lightning_fl.contexts import ClientContext
 from lightning_fl.federation.workers import ClientResult, collect, fit_job, job
 
 if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
-    from lightning_fl.messages import ClientUpdate
+    from lightning_fl.federation.client_store import ClientFit
 
 __all__ = ["RayPool"]
 
@@ -55,7 +55,7 @@ class RayPool:
         if not ray.is_initialized():
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
         shipped = copy.copy(runner)  # model and data only: no client's state leaves the client store
-        shipped.states = [ClientState(k) for k in range(len(runner.states))]
+        shipped.store = runner.store.emptied()
         shared = ray.put(shipped)
         actor = ray.remote(num_cpus=1)(_Actor)
         self.actors = [actor.remote(shared, threads) for _ in range(workers)]
@@ -77,7 +77,7 @@ class RayPool:
                 running[actor.fit.remote(queue.pop(0))] = actor
         return done
 
-    def collect(self, result: ClientResult) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientFit:
         """The raw update of ``result`` (see :func:`~lightning_fl.federation.workers.collect`)."""
         return collect(self.runner, result)
 

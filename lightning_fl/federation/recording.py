@@ -115,16 +115,10 @@ class RunRecorder:
         self.loggers: list[Logger] = []
         self.history: list[dict[str, Any]] = []
         self.attacks: list[dict[str, Any]] = []
-        self.round_metrics: dict[str, float] = {}
-        self.stop_reason: str | None = None
         self.privacy: dict[str, dict[str, Any]] = {}
         self.metrics_csv = TidyCsv(self.output_dir / "logs" / "metrics.csv", first=("round",))
         self.attacks_csv = TidyCsv(self.output_dir / "logs" / "attacks.csv", first=("round", "client", "attack"))
         self.config: dict[str, Any] = dict(config or {})
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Add metrics to the current round's history entry."""
-        self.round_metrics.update({k: float(v) for k, v in metrics.items()})
 
     def record_attack(self, entry: dict[str, Any]) -> None:
         """Append one attack result to ``summary.json["attacks"]``."""
@@ -165,26 +159,26 @@ class RunRecorder:
         for logger in self.loggers:
             logger.log_metrics(metrics, step=entry["round"])
 
-    def summary(self) -> dict[str, Any]:
-        """What ``summary.json`` holds."""
+    def summary(self, *, stop_reason: str | None = None) -> dict[str, Any]:
+        """What ``summary.json`` holds; ``stop_reason``: why the run stopped before its last round."""
         accuracies = [h["test_accuracy"] for h in self.history if h.get("test_accuracy") is not None]
         return {
             "rounds_completed": len(self.history),
             "test_accuracy": accuracies[-1] if accuracies else None,
             "history": self.history,
             "attacks": self.attacks,
-            "stop_reason": self.stop_reason,
+            "stop_reason": stop_reason,
             "privacy": self.privacy,
         }
 
-    def write(self) -> Path:
+    def write(self, *, stop_reason: str | None = None) -> Path:
         """Bring ``logs/metrics.csv``, ``logs/attacks.csv`` and ``summary.json`` up to date; returns the summary's
         path. Rows are appended and flushed, the summary is replaced atomically; Ctrl+C and SIGTERM wait."""
         path = self.output_dir / "summary.json"
         with held_signals():
             self.metrics_csv.sync(self.history)
             self.attacks_csv.sync(self.attacks)
-            atomic_write(path, json.dumps(self.summary(), indent=2, default=float).encode())
+            atomic_write(path, json.dumps(self.summary(stop_reason=stop_reason), indent=2, default=float).encode())
         return path
 
     def finalize(self) -> None:

@@ -1,38 +1,51 @@
 """The loop over the rounds of one ``fit``, as Lightning's ``FitLoop`` is to ``Trainer.fit``.
 
 :meth:`FederatedLoop.fit <lightning_fl.federation.loop.FederatedLoop.fit>` prepares the run, launches the DDP ranks,
-locks ``output_dir`` and opens the client pool; :class:`RoundLoop` then runs the remaining rounds with a progress
-bar: it runs one round (``run_round``, which returns the round's history entry), records it, calls the callbacks,
-advances the round clock, commits the round (``commit``: the checkpoint manifest) and writes ``logs/metrics.csv``
-and ``summary.json``; it stops early when a callback asks.
+locks ``output_dir``, opens the client pool and builds the :class:`~lightning_fl.federation.round.Round`;
+:class:`RoundLoop` then runs the remaining rounds with a progress bar. Each round is a value
+(:class:`~lightning_fl.federation.round.RoundResult`) that :meth:`RoundLoop.commit` writes: the new global state
+into the global model, the history entry (with the test accuracy when due), the ``on_round_end`` callbacks, the
+checkpoint manifest, ``logs/metrics.csv`` and ``summary.json``. It stops early when a plug-in asks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from torch import Tensor
+
+from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.trainers import quiet_lightning
+from lightning_fl.federation.view import RoundReport
+from lightning_fl.private import load_state_into, public_state
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
-    from lightning_fl.federation.recording import RunRecorder
-    from lightning_fl.federation.view import FederationView, RoundClock
+    from lightning_fl.federation.checkpoint import Checkpoint, RunParts
+    from lightning_fl.federation.evaluation import Evaluator
+    from lightning_fl.federation.round import Round, RoundResult
+    from lightning_fl.federation.view import FederationView
 
-__all__ = ["RoundLoop"]
+__all__ = ["RoundLoop", "global_state_of"]
 
 log = logging.getLogger("lightning_fl.federation.loop")  # a stop request stays logged under the loop's name
 
 
+def global_state_of(parts: RunParts) -> dict[str, Tensor]:
+    """A copy of the committed public global state (what the next round starts from)."""
+    return {k: v.detach().clone() for k, v in public_state(parts.global_model).items()}
+
+
 class RoundLoop:
-    """Run the rounds from ``clock.round_idx`` to ``num_rounds`` (or a stop request); :meth:`run` returns the summary.
+    """Run the rounds from ``start`` to ``num_rounds`` (or a stop request); :meth:`run` returns the summary.
 
     Args:
-        run_round: runs round ``clock.round_idx`` and returns its history entry.
-        commit: commits the finished rounds (the clock already names the next round) with the touched clients.
-        clock: the round index and the clients touched in the round.
-        recorder: the run's history, loggers and files.
+        round: runs one round on values.
+        parts: what a round commits (the global model, the recorder, the checkpointed parts).
+        checkpoint: where the rounds are committed (``None``: not written).
+        evaluator: says which rounds are scored; evaluate: the test accuracy of the committed global state.
         callbacks: the FL callbacks, called with ``federation``.
         federation: the read-only view the FL callbacks receive.
         num_rounds: rounds T of the run.
@@ -42,48 +55,70 @@ class RoundLoop:
     def __init__(
         self,
         *,
-        run_round: Callable[[], dict[str, Any]],
-        commit: Callable[[Sequence[int]], None] | None,
-        clock: RoundClock,
-        recorder: RunRecorder,
+        round: Round,
+        parts: RunParts,
+        checkpoint: Checkpoint | None,
+        evaluator: Evaluator,
+        evaluate: Callable[[Mapping[str, Tensor]], float],
         callbacks: Sequence[FederatedCallback],
         federation: FederationView,
         num_rounds: int,
         progress_bar: bool,
     ) -> None:
-        self.run_round, self.commit, self.clock, self.recorder = run_round, commit, clock, recorder
+        self.round, self.parts, self.checkpoint = round, parts, checkpoint
+        self.evaluator, self.evaluate = evaluator, evaluate
         self.callbacks, self.federation = tuple(callbacks), federation
         self.num_rounds, self.progress_bar = num_rounds, progress_bar
 
-    def run(self, *, num_clients: int) -> dict[str, Any]:
-        """Run the remaining rounds; before the first round of a fresh run, commit the start (all ``num_clients``)."""
+    def step(self, round_idx: int) -> tuple[dict[str, Any], RoundReport]:
+        """Run round ``round_idx`` and commit it in memory; returns its history entry and what the callbacks of
+        its end reported (files are written by :meth:`run`)."""
+        return self.commit(self.round.run(round_idx, global_state_of(self.parts)))
+
+    def commit(self, result: RoundResult) -> tuple[dict[str, Any], RoundReport]:
+        """Write what ``result`` holds: its global state into the global model, its history entry (scored when
+        due), then the ``on_round_end`` callbacks; returns the entry and the round's report (touched, stop)."""
+        load_state_into(self.parts.global_model, result.global_state)
+        entry = RunRecorder.new_entry(result.round_idx, result.updates)
+        if self.evaluator.due(result.round_idx, self.num_rounds):
+            entry["test_accuracy"] = self.evaluate(global_state_of(self.parts))
+        entry.update(result.metrics)
+        self.parts.recorder.end_round(entry)
+        report = RoundReport(touched=list(result.touched), stop=result.stop)
+        federation = self.federation.at(result.round_idx, report)
+        for cb in self.callbacks:  # each its own copy: a callback cannot rewrite the history
+            cb.on_round_end(federation, result.round_idx, dict(entry))
+        entry.update(report.metrics)
+        return entry, report
+
+    def run(self, *, start: int, num_clients: int) -> tuple[dict[str, Any], int]:
+        """Run the remaining rounds from ``start``; before the first round of a fresh run, commit the start (all
+        ``num_clients``). Returns the summary and the next round to run."""
         from rich.progress import Progress
 
-        clock, recorder = self.clock, self.recorder
-        recorder.stop_reason = None
+        recorder, round_idx, stop = self.parts.recorder, start, None
         recorder.start()
-        if self.commit is not None and clock.round_idx == 0:  # commit the start: a kill in round 0 resumes from it
-            self.commit(range(num_clients))
+        if self.checkpoint is not None and round_idx == 0:  # commit the start: a kill in round 0 resumes from it
+            self.checkpoint.save_run(self.parts, round_idx=0, touched=range(num_clients))
+        started = RoundReport()
         for cb in self.callbacks:
-            cb.on_fit_start(self.federation)
+            cb.on_fit_start(self.federation.at(round_idx, started))
         with quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
-            task = progress.add_task("rounds", total=self.num_rounds, completed=clock.round_idx)
-            while clock.round_idx < self.num_rounds:
-                entry = self.run_round()
-                recorder.end_round(entry)
-                for cb in self.callbacks:
-                    cb.on_round_end(self.federation, clock.round_idx, entry)
-                clock.round_idx += 1
-                if self.commit is not None:
-                    self.commit(clock.touched)
-                recorder.write()
+            task = progress.add_task("rounds", total=self.num_rounds, completed=round_idx)
+            while round_idx < self.num_rounds:
+                entry, report = self.step(round_idx)
+                round_idx += 1
+                if self.checkpoint is not None:
+                    self.checkpoint.save_run(self.parts, round_idx=round_idx, touched=report.touched)
+                stop = report.stop or started.stop
+                recorder.write(stop_reason=stop)
                 acc = entry.get("test_accuracy")
                 progress.update(task, advance=1, description=f"rounds (acc {acc:.3f})" if acc is not None else "rounds")
-                if recorder.stop_reason:
-                    log.warning("stopping after round %d: %s", clock.round_idx - 1, recorder.stop_reason)
+                if stop:
+                    log.warning("stopping after round %d: %s", round_idx - 1, stop)
                     break
         for cb in self.callbacks:
-            cb.on_fit_end(self.federation)
+            cb.on_fit_end(self.federation.at(round_idx))
         recorder.finalize()
-        recorder.write()
-        return recorder.summary()
+        recorder.write(stop_reason=stop)
+        return recorder.summary(stop_reason=stop), round_idx

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Downlink",
+    "against_global",
     "check_aggregate",
     "check_update",
     "decode_aggregate",
@@ -185,37 +186,42 @@ def check_aggregate(delta: Mapping[str, Tensor], *, round_idx: int) -> None:
 class Downlink:
     """What the server sends each client: the public global state through the broadcast transforms.
 
-    When a transform is ``persistent`` (2DP-FL's downlink noise), the server remembers the offset it sent and
-    :meth:`against_global` adds it back, ``delta + (received - global) = w_k - w``, so aggregation averages client
+    When a transform is ``persistent`` (2DP-FL's downlink noise), :meth:`send` also returns the offset it sent, and
+    :func:`against_global` adds it back, ``delta + (received - global) = w_k - w``, so aggregation averages client
     models instead of forgetting what the broadcast added.
     """
 
     def __init__(self, transforms: Sequence[BroadcastTransform]) -> None:
-        self.transforms = transforms
-        self._offsets: dict[int, dict[str, Tensor]] = {}
+        self.transforms = tuple(transforms)
 
-    def start_round(self) -> None:
-        """Forget the offsets of the previous round."""
-        self._offsets.clear()
-
-    def send(self, ctx: ClientContext) -> dict[str, Tensor]:
-        """The state client ``ctx.client_id`` receives (copies, so the client cannot touch the global model)."""
-        state = {k: v.detach().clone() for k, v in ctx.global_state.items()}
+    def send(self, ctx: ClientContext) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+        """The state client ``ctx.client_id`` receives (the context's copies, so the client cannot touch the global
+        model), and the offset from the global state a persistent broadcast added (``None`` without one)."""
+        state = dict(ctx.global_state)
         for transform in self.transforms:
             state = transform(state, ctx=ctx)
-        if any(t.persistent for t in self.transforms):
-            public = ctx.global_state
-            self._offsets[ctx.client_id] = {k: state[k] - public[k] for k in ctx.spec.update_keys}
-        return state
+        if not any(t.persistent for t in self.transforms):
+            return state, None
+        public = ctx.global_state
+        return state, {k: state[k] - public[k] for k in ctx.spec.update_keys}
 
-    def against_global(self, update: ClientUpdate) -> ClientUpdate:
-        """Measure ``update`` against the global state when its broadcast was persistent (see the class)."""
-        offset = self._offsets.pop(update.client_id, None)
-        if offset is None:
-            return update
-        if update.payload is not None:
-            raise ValueError(
-                "a persistent broadcast transform cannot be combined with an encrypted update payload; "
-                "the server cannot add the broadcast offset to ciphertexts."
-            )
-        return dataclasses.replace(update, delta={k: v + offset[k] for k, v in update.delta.items()})
+
+def against_global(update: ClientUpdate, offset: Mapping[str, Tensor] | None) -> ClientUpdate:
+    """Measure ``update`` against the global state when its broadcast added ``offset`` (see :class:`Downlink`).
+
+    Raises:
+        ValueError: for an encrypted update after a persistent broadcast (ciphertexts cannot take the offset).
+
+    Example:
+        >>> update = ClientUpdate(0, 0, {"w": torch.ones(1)}, 1, 0.0)
+        >>> against_global(update, {"w": torch.full((1,), 2.0)}).delta
+        {'w': tensor([3.])}
+    """
+    if offset is None:
+        return update
+    if update.payload is not None:
+        raise ValueError(
+            "a persistent broadcast transform cannot be combined with an encrypted update payload; "
+            "the server cannot add the broadcast offset to ciphertexts."
+        )
+    return dataclasses.replace(update, delta={k: v + offset[k] for k, v in update.delta.items()})

@@ -19,7 +19,7 @@ import random
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
@@ -41,12 +41,12 @@ from lightning_fl.federation.vectorised_dp import (
 )
 from lightning_fl.federation.vectorised_fit import ClientBatches, StackedModel, fit_stacked, stacked_copy
 from lightning_fl.federation.vectorised_optim import StackedOptimizer
-from lightning_fl.messages import ClientUpdate
 from lightning_fl.private import load_state_into
 
 if TYPE_CHECKING:
     from lightning_fl.defences.dp.dp_sgd import PerExampleDP
     from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.client_store import ClientFit
 
 __all__ = ["VectorisedClients", "VectorisedResult"]
 
@@ -63,6 +63,7 @@ class VectorisedResult:
     trained: dict[str, Tensor] | None = None
     outcome: FitOutcome | None = None
     batch_size: int | None = None
+    drawn: list[Any] | None = None  # the batches it trained on, when the runner records them
     failure: ClientFailure | None = None
 
 
@@ -148,6 +149,8 @@ class VectorisedClients:
             except ClientFailure as failure:
                 result.failure = failure
                 continue
+            if runner.local_steps and runner.record_drawn:
+                result.drawn = list(batches.batches)
             starts.append({name: p.detach().clone() for name, p in worker.named_parameters()})
             data.append(batches)
             dp_clients.append(dp_client)
@@ -174,8 +177,8 @@ class VectorisedClients:
             r.outcome = FitOutcome(metrics, outcome.steps, outcome.epochs, optimizer)
         return results
 
-    def collect(self, result: VectorisedResult) -> ClientUpdate:
-        """Load ``result``'s trained client into the runner's worker and return its raw update.
+    def collect(self, result: VectorisedResult, *, ctx: ClientContext) -> ClientFit:
+        """Load ``result``'s trained client into the runner's worker and return its fit.
 
         Raises:
             ClientFailure: when the client's data or the vectorised training step raised.
@@ -186,7 +189,12 @@ class VectorisedClients:
             raise result.failure
         load_state_into(self.runner.worker, result.trained)
         return self.runner.update_of(
-            result.client_id, result.round_idx, result.received, result.outcome, batch_size=result.batch_size
+            result.client_id,
+            result.round_idx,
+            result.received,
+            result.outcome,
+            batch_size=result.batch_size,
+            drawn=result.drawn,
         )
 
     def _batches(
@@ -224,6 +232,4 @@ class VectorisedClients:
             epoch += 1
             if len(batches) == before:  # an empty loader: nothing to train on
                 break
-        if runner.local_steps and runner.record_drawn:
-            runner.trained_batches[ctx.client_id] = list(batches)
         return ClientBatches(batches, epochs), batch_size, dp_client

@@ -18,27 +18,43 @@ if TYPE_CHECKING:
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
+    from lightning_fl.federation.client_store import ClientStore
     from lightning_fl.federation.recording import RunRecorder
 
-__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundClock"]
+__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundReport"]
 
 
 @dataclass
-class RoundClock:
-    """The round a run is in: ``round_idx`` is the round being run, and between rounds the next one to run.
+class RoundReport:
+    """What the plug-ins of one round report while it runs: metrics, clients whose state they changed, a stop.
 
-    ``touched`` lists the clients whose client-side state may have changed since the last commit (the selected
-    clients, and any client a callback wrote to through
-    :meth:`~lightning_fl.federation.view.FederationView.set_client_extra`).
+    A round creates its own report and folds it into the :class:`~lightning_fl.federation.round.RoundResult` it
+    returns; plug-ins write to it only through their context (``ctx.log_metrics``) or the round's
+    :class:`FederationView` (``log_metrics``, ``set_client_extra``, ``request_stop``).
+
+    Example:
+        >>> report = RoundReport()
+        >>> report.log_metrics({"epsilon": 1}); report.touch(3); report.touch(3); report.request_stop("budget")
+        >>> report.metrics, report.touched, report.stop
+        ({'epsilon': 1.0}, [3], 'budget')
     """
 
-    round_idx: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
     touched: list[int] = field(default_factory=list)
+    stop: str | None = None
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Add ``metrics`` to the round's history entry."""
+        self.metrics.update({k: float(v) for k, v in metrics.items()})
 
     def touch(self, client_id: int) -> None:
         """Mark ``client_id``'s client-side state as changed in this round (committed with it)."""
         if client_id not in self.touched:
             self.touched.append(client_id)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after this round."""
+        self.stop = reason
 
 
 def _copy(state: ClientState) -> ClientState:
@@ -128,8 +144,12 @@ class FederationView:
     through :meth:`log_metrics`, :meth:`record_attack` and :meth:`request_stop`, and changes a client's own state in
     one way only: :meth:`set_client_extra` (a callback that models client-side work, such as a DP accountant).
 
+    A view belongs to one round (:meth:`at` gives the view of another): what a callback reports goes into that
+    round's :class:`RoundReport`.
+
     Args:
-        clock: the current round and the clients touched in it.
+        round_idx: the round (between rounds, the next one to run).
+        report: where the round's reports go (``None``: outside a round, reports are not kept).
         spec: the run's shape.
         num_rounds: rounds T of the run.
         output_dir: the run directory.
@@ -143,25 +163,33 @@ class FederationView:
     def __init__(
         self,
         *,
-        clock: RoundClock,
+        round_idx: int = 0,
+        report: RoundReport | None = None,
         spec: FederationSpec,
         num_rounds: int,
         output_dir: Path,
         global_model: L.LightningModule,
         recorder: RunRecorder,
-        clients: Sequence[ClientState],
+        clients: ClientStore,
         callbacks: Sequence[Any],
         client_callbacks: Sequence[L.Callback],
         ledgers: Sequence[Any],
     ) -> None:
-        self._clock, self._spec, self._num_rounds, self._output_dir = clock, spec, num_rounds, Path(output_dir)
+        self._round_idx, self._report = round_idx, report if report is not None else RoundReport()
+        self._spec, self._num_rounds, self._output_dir = spec, num_rounds, Path(output_dir)
         self._global_model, self._recorder, self._clients = global_model, recorder, clients
         self._callbacks, self._client_callbacks = Registered(callbacks), Registered(client_callbacks)
         self._ledgers = tuple(LedgerReading(p) for p in ledgers if isinstance(p, PrivacyLedger))
 
+    def at(self, round_idx: int, report: RoundReport | None = None) -> FederationView:
+        """The view of round ``round_idx`` whose callbacks report into ``report``."""
+        view = copy.copy(self)
+        view._round_idx, view._report = round_idx, report if report is not None else RoundReport()
+        return view
+
     @property
     def round_idx(self) -> int:
-        return self._clock.round_idx
+        return self._round_idx
 
     @property
     def num_rounds(self) -> int:
@@ -213,7 +241,7 @@ class FederationView:
 
     def round_context(self) -> RoundContext:
         """The :class:`~lightning_fl.contexts.RoundContext` of the current round."""
-        return RoundContext(self._spec, self._clock.round_idx, public_state(self._global_model), self.log_metrics)
+        return RoundContext(self._spec, self._round_idx, public_state(self._global_model), self._report.log_metrics)
 
     def set_client_extra(self, client_id: int, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` in client ``client_id``'s own state (``ClientState.extra``).
@@ -221,12 +249,12 @@ class FederationView:
         The one way a callback changes a client's state: for a callback that models client-side work (a DP
         accountant keeps its state per client). The value is stored as a copy and committed with the round.
         """
-        self._clients[client_id].extra[key] = copy.deepcopy(value)
-        self._clock.touch(client_id)
+        self._clients.set_extra(client_id, key, value)
+        self._report.touch(client_id)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """Add metrics to the current round's history entry, e.g. ``{"epsilon": 1.2}``."""
-        self._recorder.log_metrics(metrics)
+        self._report.log_metrics(metrics)
 
     def describe_privacy(self, component: str, facts: dict[str, Any]) -> None:
         """State how ``component`` accounts its privacy in ``summary.json["privacy"][component]`` (the sampling
@@ -239,4 +267,4 @@ class FederationView:
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current round."""
-        self._recorder.stop_reason = reason
+        self._report.request_stop(reason)

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_fl.contexts import ClientState, RoundContext
+from lightning_fl.contexts import ClientContext, ClientState, RoundContext
+from lightning_fl.federation.client_store import ClientFit
 from lightning_fl.federation.failures import ClientFailure
 from lightning_fl.messages import ClientUpdate, GroundTruth
 from lightning_fl.private import public_state
@@ -178,28 +179,27 @@ def _serve(runner: ClientRunner, jobs: Any, results: Any, threads: int) -> None:
 def fit_job(runner: ClientRunner, task: ClientJob) -> ClientResult:
     """Train one job on ``runner`` (in a worker process or a DDP rank); an error comes back as its traceback."""
     k = task.client_id
-    runner.states[k] = ClientState(k, private=unpack(task.private), initialised=task.initialised)
+    runner.store.restore(ClientState(k, private=unpack(task.private), initialised=task.initialised))
     try:
         ctx = runner.context(RoundContext(runner.spec, task.round_idx), k)
-        update = runner.fit(ctx, unpack(task.received))
-        private = runner.states[k].private
+        fit = runner.fit(ctx, unpack(task.received))
+        update, truth = fit.update, fit.trained_on
         slim = ClientUpdate(k, update.round_idx, {}, update.num_samples, update.loss, update.metadata)
-        truth = runner.trained_on(k)
         drawn = pack({"inputs": truth.inputs, "targets": truth.targets}) if truth is not None else b""
         return ClientResult(
-            k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(private), trained_on=drawn
+            k, slim, pack(update.delta), pack(public_state(runner.worker)), pack(fit.private or {}), trained_on=drawn
         )
     except ClientFailure as failure:  # the client's own work: dropped by the loop, as an in-process failure is
         return ClientResult(k, error=traceback.format_exc().strip(), client_failure=failure.detail)
     except Exception:  # a fault of our own code in the worker: collect raises it in the loop's process
         return ClientResult(k, error=traceback.format_exc(limit=-3).strip())
     finally:
-        runner.states[k] = ClientState(k)  # the worker keeps no client's secrets between fits
+        runner.store.forget(k)  # the worker keeps no client's secrets between fits
 
 
-def collect(runner: ClientRunner, result: ClientResult) -> ClientUpdate:
-    """Hand a result's private state to the client store, load the trained client into the runner's worker model
-    (what a client transform sees as ``ctx.model``) and return the raw update.
+def collect(runner: ClientRunner, result: ClientResult) -> ClientFit:
+    """Load the trained client of a result into the runner's worker model (what a client transform sees as
+    ``ctx.model``) and return its fit (raw update, private state, what it trained on).
 
     Raises:
         ClientFailure: with the remote traceback when the client's own work failed there.
@@ -210,19 +210,17 @@ def collect(runner: ClientRunner, result: ClientResult) -> ClientUpdate:
         raise ClientFailure(result.client_id, "training in a worker process", result.client_failure) from cause
     if result.error is not None:
         raise RuntimeError(f"in worker process: {result.error}")
-    state = runner.states[result.client_id]
-    state.private = unpack(result.private)
-    state.initialised = bool(state.private)
-    runner.load_trained(unpack(result.trained), state.private)
-    if result.trained_on:
-        runner.trained_elsewhere[result.client_id] = GroundTruth(**unpack(result.trained_on))
+    private = unpack(result.private)
+    runner.load_trained(unpack(result.trained), private)
+    truth = GroundTruth(**unpack(result.trained_on)) if result.trained_on else None
     u = result.update
-    return ClientUpdate(u.client_id, u.round_idx, unpack(result.delta), u.num_samples, u.loss, u.metadata)
+    update = ClientUpdate(u.client_id, u.round_idx, unpack(result.delta), u.num_samples, u.loss, u.metadata)
+    return ClientFit(update, private, truth)
 
 
 def job(runner: ClientRunner, client_id: int, round_idx: int, received: dict[str, Tensor]) -> ClientJob:
     """The :class:`ClientJob` of one fit: what the client received and its own state from the client store."""
-    state = runner.states[client_id]
+    state = runner.store[client_id]
     return ClientJob(client_id, round_idx, pack(received), pack(state.private), state.initialised)
 
 
@@ -267,7 +265,7 @@ class WorkerPool:
             done[result.client_id] = result
         return done
 
-    def collect(self, result: ClientResult) -> ClientUpdate:
+    def collect(self, result: ClientResult, *, ctx: ClientContext) -> ClientFit:
         """The raw update of ``result`` (see :func:`collect`)."""
         return collect(self.runner, result)
 

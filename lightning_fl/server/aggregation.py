@@ -1,14 +1,15 @@
 """Aggregation maths, shared by every rule: weighted sums of state dicts, and the aggregator interface.
 
 Flower keeps its maths in ``aggregate.py`` and lets strategies convert and delegate; here too. An
-:class:`Aggregator` receives the round's updates and a :class:`~lightning_fl.contexts.RoundContext` and returns
-``(aggregate, metrics)``, as a Flower strategy's ``aggregate_fit`` returns ``(parameters, metrics)``.
+:class:`Aggregator` receives the round's updates, a :class:`~lightning_fl.contexts.RoundContext` and (when it declares
+them) the round's failures, and returns ``(aggregate, metrics)``, as a Flower strategy's ``aggregate_fit`` returns
+``(parameters, metrics)``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,8 +63,18 @@ class Aggregator(ABC):
         """Called once before the first round with the run's shape and parts."""
 
     @abstractmethod
-    def aggregate(self, updates: Sequence[ClientUpdate], *, ctx: RoundContext) -> tuple[Any, dict[str, float]]:
-        """Return ``(aggregate delta to add to ctx.global_state, metrics to log)``."""
+    def aggregate(
+        self, updates: Sequence[ClientUpdate], *, ctx: RoundContext, failures: Mapping[int, str] | None = None
+    ) -> tuple[Any, dict[str, float]]:
+        """Return ``(aggregate delta to add to ctx.global_state, metrics to log)``.
+
+        Args:
+            updates: the round's checked updates.
+            ctx: the round.
+            failures: client id to why that selected client sent no usable update (failed, unsound update, norm
+                outlier), as Flower's ``aggregate_fit(server_round, results, failures)``. The loop passes it only to
+                an ``aggregate`` that declares it, so an override without it keeps working.
+        """
 
     def state_dict(self) -> dict[str, Any]:
         return {}

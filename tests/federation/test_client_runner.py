@@ -64,3 +64,17 @@ def test_a_client_whose_first_fit_crashes_later_trains_with_its_own_secrets(tmp_
     assert all(torch.equal(crashed[k], retried[k]) for k in crashed)  # the same secrets, drawn again
     assert not any(torch.equal(retried[k], other[k]) for k in retried)  # never client 1's
     assert loop.clients[0].initialised
+
+
+def test_a_local_fit_returns_what_it_produced_and_writes_no_client_state(tmp_path: Path) -> None:
+    from lightning_fl.contexts import RoundContext
+    from tests.conftest import three_keylock_clients
+
+    loop = three_keylock_clients(tmp_path)
+    runner = loop.runner
+    ctx = runner.context(RoundContext(loop.spec, 0, loop.round_context().global_state), 1)
+    fit = runner.fit(ctx, dict(ctx.global_state))
+    assert fit.update.client_id == 1 and fit.private and fit.trained_on is None
+    assert not runner.store[1].initialised and not runner.store[1].private  # the client step keeps it, not the fit
+    runner.store.keep_fit(1, fit.private)
+    assert runner.store[1].initialised and ctx.state is runner.store[1]  # the context holds the kept state

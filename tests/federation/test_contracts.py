@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from lightning_fl import ClientFailure, FederatedCallback, SetupContext
+from lightning_fl import FederatedCallback, SetupContext
 from lightning_fl.contexts import ClientSetupContext
 from lightning_fl.private import public_state
-from lightning_fl.server import FedAvg
+from lightning_fl.server import FedAvg, UniformSelector
 from tests.conftest import three_keylock_clients
+from tests.federation.test_round import fail_client_1
 
 
 class Vandal(FedAvg):
@@ -114,20 +115,55 @@ def test_the_view_tells_which_callbacks_run_but_hands_none_out(tmp_path) -> None
 
 def test_the_steps_run_on_their_own_and_return_what_changed(tmp_path, monkeypatch) -> None:
     loop = three_keylock_clients(tmp_path)
-    fit = loop.runner.fit
-
-    def fails_for_client_1(ctx, received, **kwargs):
-        if ctx.client_id == 1:
-            raise ClientFailure(1, "training", "lost power")
-        return fit(ctx, received, **kwargs)
-
-    monkeypatch.setattr(loop.runner, "fit", fails_for_client_1)
+    fail_client_1(loop, monkeypatch)
     before = _final_state(loop)
     ctx = loop.round_context()
     with pytest.warns(UserWarning, match="client 1 failed"):
-        clients = loop.client_step.run(ctx, [0, 1, 2])
+        clients = loop.client_step.run(ctx, [0, 1, 2], loop.view)
     assert [u.client_id for u in clients.updates] == [0, 2] and clients.failures == {1: "failed (lost power)"}
-    server = loop.server_step.run(ctx, clients.updates)
+    server = loop.server_step.run(ctx, clients, global_state=_final_state(loop), federation=loop.view)
     assert all(torch.equal(v, before[k]) for k, v in _final_state(loop).items())  # the steps wrote no model
     assert set(server.global_state) == set(loop.spec.update_keys)
     assert any(not torch.equal(server.global_state[k], before[k]) for k in server.global_state)
+
+
+class Scribbler(UniformSelector):
+    """Selects uniformly, after writing into every tensor of the global state its context holds."""
+
+    def select(self, ctx):
+        for tensor in ctx.global_state.values():
+            if tensor.is_floating_point():
+                tensor.add_(100.0)
+        return super().select(ctx)
+
+
+class Witness(FedAvg):
+    """FedAvg that keeps the global state its context shows it."""
+
+    def aggregate(self, updates, *, ctx):
+        self.seen = {k: v.clone() for k, v in ctx.global_state.items()}
+        return super().aggregate(updates, ctx=ctx)
+
+
+class Zeroer(FederatedCallback):
+    """Zeroes, in place, every tensor of each update it is shown at the end of a client fit."""
+
+    def on_client_fit_end(self, federation, update) -> None:
+        for tensor in update.delta.values():
+            tensor.zero_()
+
+
+def test_a_plug_in_writing_into_its_context_changes_nothing_another_plug_in_sees(tmp_path) -> None:
+    torch.manual_seed(0)
+    witness = Witness()
+    loop = three_keylock_clients(tmp_path, eval_every=0, selector=Scribbler(), aggregator=witness)
+    before = _final_state(loop)
+    loop.fit()
+    assert witness.seen.keys() == before.keys()
+    assert all(torch.equal(witness.seen[k], v) for k, v in before.items())  # not the selector's +100
+
+
+def test_a_callback_writing_into_the_update_it_is_shown_changes_no_aggregate(tmp_path) -> None:
+    plain, zeroed = _fitted(tmp_path / "plain"), _fitted(tmp_path / "zeroed", callbacks=[Zeroer()])
+    for key, value in _final_state(plain).items():
+        assert torch.equal(_final_state(zeroed)[key], value), key

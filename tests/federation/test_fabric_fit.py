@@ -94,8 +94,9 @@ def _run(tmp_path: Path, model_fn, inner_fit: str, **options) -> tuple[Federated
 
     def recording_fit(ctx, received, *, callbacks=()):
         paths.append(loop.runner.inner_fit_for(callbacks))
-        updates.append(fit(ctx, received, callbacks=callbacks))
-        return updates[-1]
+        result = fit(ctx, received, callbacks=callbacks)
+        updates.append(result.update)
+        return result
 
     loop.runner.fit = recording_fit
     loop.fit()

@@ -140,4 +140,4 @@ def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(
     stored = {ctx.node_config["partition-id"]: flower._STATE_KEY in ctx.state for ctx in grid.contexts.values()}
     assert stored == {0: True, 1: False, 2: True}  # each trained client's key-lock secrets, on its own node only
     assert not any(c.initialised for c in federation.loop.clients)
-    assert not any(c.private for c in client_loop.runner.states)  # the ClientApp process forgets them after a fit
+    assert not any(c.private for c in client_loop.runner.store)  # the ClientApp process forgets them after a fit

@@ -17,6 +17,7 @@ import torch
 from lightning_fl import cli
 from lightning_fl.cli import main
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.federation.round import Round
 from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
 
 REPO = QUICKSTART.parents[1]
@@ -32,7 +33,7 @@ def _fail_round(*_: object, **__: object) -> None:
 
 def test_a_failure_after_training_started_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
-    monkeypatch.setattr(FederatedLoop, "run_round", _fail_round)
+    monkeypatch.setattr(Round, "run", _fail_round)
     assert main(_fit(tmp_path)) == 1
     line = one_error_line(capsys.readouterr().err)
     assert "run failed: RuntimeError: round 0: only 0 valid client updates" in line and cli.TRACEBACK_ENV in line
@@ -68,7 +69,7 @@ def test_a_full_disk_exits_with_1_and_one_line(tmp_path, capsys, monkeypatch) ->
 
 def test_the_traceback_env_shows_the_failure_itself(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
-    monkeypatch.setattr(FederatedLoop, "run_round", _fail_round)
+    monkeypatch.setattr(Round, "run", _fail_round)
     with pytest.raises(RuntimeError, match=r"only 0 valid client updates"):
         main(_fit(tmp_path))
 

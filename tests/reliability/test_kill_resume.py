@@ -130,10 +130,10 @@ def _kill_before_the_csv(monkeypatch, n: int) -> None:
     calls = iter(range(10**6))
     real = RunRecorder.write
 
-    def write(self):
+    def write(self, **kwargs):
         if next(calls) == n:
             raise Killed
-        return real(self)
+        return real(self, **kwargs)
 
     monkeypatch.setattr(RunRecorder, "write", write)
 

@@ -1,0 +1,57 @@
+"""The client pool of one ``fit``: local worker processes, Ray actors or DDP ranks, chosen when the fit starts.
+
+:func:`open_pool` is called by :meth:`FederatedLoop.fit <lightning_fl.federation.loop.FederatedLoop.fit>` (the
+assembler) once per fit; the client step only receives the pool it opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+from lightning_fl.federation.distributed import RankPool, Ranks
+from lightning_fl.federation.workers import WorkerPool
+
+if TYPE_CHECKING:
+    from lightning_fl.federation.client_round import ClientPool
+    from lightning_fl.federation.client_runner import ClientRunner
+
+__all__ = ["open_pool"]
+
+
+@contextlib.contextmanager
+def open_pool(
+    runner: ClientRunner,
+    *,
+    workers: int,
+    backend: Literal["processes", "ray"],
+    ranks: Ranks | None,
+    taps_local_gradients: bool,
+) -> Iterator[ClientPool | None]:
+    """The pool that trains the clients of one ``fit``: ``workers`` processes, Ray actors, or the DDP ``ranks``;
+    ``None`` (train in this process) by default. Closed when the block ends.
+
+    Raises:
+        ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
+    """
+    if workers == 1 and backend == "processes" and ranks is None:
+        yield None
+        return
+    if taps_local_gradients:
+        raise ValueError(
+            "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
+            "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."
+        )
+    if ranks is not None:
+        pool: ClientPool = RankPool(runner, ranks)
+    elif backend == "ray":
+        from lightning_fl.federation.ray_backend import RayPool
+
+        pool = RayPool(runner, workers)
+    else:
+        pool = WorkerPool(runner, workers)
+    try:
+        yield pool
+    finally:
+        pool.close()
