@@ -1,4 +1,5 @@
-"""Model-level defences: layers whose secrets stay on the client (passports, key-lock, private split)."""
+"""Model-level defences: layers whose secrets stay on the client (passports, key-lock, private split), and
+PRECODE's variational bottleneck."""
 
 from lightning_fl.defences.model.keylock import (
     KeyLock,
@@ -10,9 +11,11 @@ from lightning_fl.defences.model.keylock import (
 )
 from lightning_fl.defences.model.loading import load_defended
 from lightning_fl.defences.model.passport import PassportConv2d, Passports, add_passports
+from lightning_fl.defences.model.precode import PRECODE, VariationalBottleneck, add_precode, gaussian_kl
 from lightning_fl.defences.model.split import PrivateFineTuning, PrivateSplit, split_private
 
 __all__ = [
+    "PRECODE",
     "KeyLock",
     "KeyLockNorm",
     "KeyLockNorm2d",
@@ -21,8 +24,11 @@ __all__ = [
     "Passports",
     "PrivateFineTuning",
     "PrivateSplit",
+    "VariationalBottleneck",
     "add_keylock",
     "add_passports",
+    "add_precode",
+    "gaussian_kl",
     "load_defended",
     "lock_parameter_share",
     "split_private",
