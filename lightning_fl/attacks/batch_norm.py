@@ -54,6 +54,7 @@ def leaked_batch_statistics(view: ServerView) -> BatchNormStatistics | None:
     every buffer's change or the update took more than one local step (its buffers then mix several batches).
 
     Example:
+        >>> import torch
         >>> from lightning_fl.attacks.standalone import client_view
         >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(72, 3))
         >>> images = torch.rand(2, 1, 8, 8)
@@ -117,6 +118,7 @@ def batch_norm_prior(
         ValueError: if ``model`` has no ``BatchNorm2d`` with running statistics, or ``statistics`` has another length.
 
     Example:
+        >>> import torch
         >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
         >>> prior = batch_norm_prior(net.eval())
         >>> float(prior(torch.zeros(2, 1, 4, 4)).detach()) > 0

@@ -215,7 +215,7 @@ def test_an_image_folder_with_a_corrupt_image_names_the_file(tmp_path, capsys, c
         (["--run.batch_size", "abc"], "run.batch_size='abc' is invalid: expected an integer"),
         (["--data.partition", "foo"], "data.partition='foo' is invalid"),
         (["--run.batch_size", "0"], "run.batch_size=0 must be >= 1"),
-        (["--run.batch_size", "100000"], "run.batch_size x run.local_steps = 100000 exceeds the"),
+        (["--run.batch_size", "100000"], "run.batch_size x run.local_steps x run.batches = 100000 exceeds the"),
         (["--run.local_steps", "0"], "run.local_steps=0 must be >= 1"),
         (["--run.client_id", "99"], "run.client_id=99 is not a client: data.num_clients=10"),
         (["--run.client_id", "-1"], "run.client_id=-1 is not a client"),
