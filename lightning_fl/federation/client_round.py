@@ -245,7 +245,10 @@ class ClientStep:
             log_failure(log, failure)
             return None
         expected = {k: ctx.global_state[k] for k in ctx.spec.update_keys}
-        reason = refused or check_update(update, expected, num_train_samples=ctx.spec.num_train_samples[client_id])
+        samples = ctx.spec.num_train_samples[client_id]
+        reason = refused or check_update(
+            update, expected, num_train_samples=samples, client_id=client_id, round_idx=round_idx
+        )
         if reason is not None:
             failures[client_id] = reason
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -112,19 +113,33 @@ def drop_norm_outliers(
     return [u for u in updates if u.client_id not in flagged]
 
 
-def check_update(update: ClientUpdate, expected: Mapping[str, Tensor], *, num_train_samples: int) -> str | None:
+def check_update(
+    update: Any, expected: Mapping[str, Tensor], *, num_train_samples: int, client_id: int, round_idx: int
+) -> str | None:
     """Why ``update`` must be dropped, or ``None``: it is checked whole before the server uses any of it.
 
-    Its layers (plaintext, plus the ones an encrypted ``payload`` declares) must be exactly the ``expected``
-    public layers, of their shapes; its plaintext values finite; its ``num_samples`` (the client's FedAvg weight)
-    a whole number between 1 and ``num_train_samples``, the client's data size: a client cannot claim more data
-    than it holds and take over the average.
+    It must be a :class:`ClientUpdate` from the client the server sent this round's work to (``client_id``,
+    ``round_idx``): a client cannot speak for another. Its layers (plaintext, plus the ones an encrypted ``payload``
+    declares) must be exactly the ``expected`` public layers, each a floating-point tensor of the expected shape
+    with values (not on the meta device); its plaintext values finite; its ``num_samples`` (the
+    client's FedAvg weight) a whole number, not a string, between 1 and ``num_train_samples``, the client's data
+    size: a client cannot claim more data than it holds and take over the average.
 
     Example:
         >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 10**12, 0.0), {"w": torch.zeros(2)},
-        ...              num_train_samples=50)
+        ...              num_train_samples=50, client_id=0, round_idx=0)
         'num_samples=1e+12 is not a whole number in 1..50 (the client holds 50 training samples)'
+        >>> check_update(ClientUpdate(2, 0, {"w": torch.ones(2)}, 10, 0.0), {"w": torch.zeros(2)},
+        ...              num_train_samples=50, client_id=0, round_idx=0)
+        'it names client 2 and round 0, but the server sent round 0 to client 0'
     """
+    if not isinstance(update, ClientUpdate):
+        return f"it is a {type(update).__name__}, not a ClientUpdate"
+    if update.client_id != client_id or update.round_idx != round_idx:
+        return (
+            f"it names client {update.client_id!r} and round {update.round_idx!r}, but the server sent round "
+            f"{round_idx} to client {client_id}"
+        )
     encrypted = getattr(update.payload, "shapes", {}) if update.payload is not None else {}
     declared = [*update.delta, *encrypted]
     if sorted(declared) != sorted(expected):
@@ -133,8 +148,13 @@ def check_update(update: ClientUpdate, expected: Mapping[str, Tensor], *, num_tr
         both = f", sent both encrypted and in the clear {twice[:3]}" if twice else ""
         return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]}{both})"
     for key, value in update.delta.items():
-        if not isinstance(value, Tensor) or value.shape != expected[key].shape:
-            return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(expected[key].shape)}"
+        reference = expected[key]
+        if not isinstance(value, Tensor) or value.shape != reference.shape:
+            return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(reference.shape)}"
+        if value.dtype != reference.dtype or value.device != reference.device:
+            return (
+                f"tensor {key!r} is {value.dtype} on {value.device}, expected {reference.dtype} on {reference.device}"
+            )
         if not torch.isfinite(value).all():
             return f"tensor {key!r} has non-finite values"
     return _check_num_samples(update.num_samples, num_train_samples)
@@ -142,10 +162,7 @@ def check_update(update: ClientUpdate, expected: Mapping[str, Tensor], *, num_tr
 
 def _check_num_samples(num_samples: Any, num_train_samples: int) -> str | None:
     """Why a reported ``num_samples`` cannot be a FedAvg weight (not a whole number in 1..n_k), or ``None``."""
-    try:
-        value = float(num_samples)
-    except (TypeError, ValueError):
-        value = math.nan
+    value = float(num_samples) if isinstance(num_samples, numbers.Real) else math.nan
     if math.isfinite(value) and value.is_integer() and 1 <= value <= num_train_samples:
         return None
     return (

@@ -55,13 +55,18 @@ def test_plaintext_layers_of_an_encrypted_update_are_norm_checked() -> None:
 )
 def test_an_encrypted_update_must_declare_every_layer_once(delta, reason) -> None:
     update = dataclasses.replace(_encrypted(0, 0.0), delta=delta)
-    assert re.search(reason, check_update(update, {"w": torch.zeros(3), "b": torch.zeros(2)}, num_train_samples=10))
+    assert re.search(
+        reason,
+        check_update(
+            update, {"w": torch.zeros(3), "b": torch.zeros(2)}, num_train_samples=10, client_id=0, round_idx=0
+        ),
+    )
 
 
 @pytest.mark.parametrize("num_samples", [math.inf, math.nan, 1e12, 649, 0, -5, 2.5])
 def test_check_update_refuses_a_num_samples_that_is_not_a_whole_number_within_the_clients_data(num_samples) -> None:
     update = ClientUpdate(0, 0, {"w": torch.zeros(2)}, num_samples, 0.0)
-    reason = check_update(update, {"w": torch.zeros(2)}, num_train_samples=648)
+    reason = check_update(update, {"w": torch.zeros(2)}, num_train_samples=648, client_id=0, round_idx=0)
     assert reason is not None and reason.startswith("num_samples=") and "1..648" in reason
 
 
@@ -118,3 +123,33 @@ def test_a_paillier_client_that_scales_its_plaintext_layers_is_dropped(tmp_path)
             loop.fit()
     assert loop.history[0]["clients"] == [0]
     assert max(v.abs().max().item() for v in loop.global_model.state_dict().values()) < 1e3
+
+
+class _Tampers(ClientTransform):
+    """Client 1's message, changed by ``change`` after its honest encoding (a faulty or malicious client)."""
+
+    def __init__(self, change) -> None:
+        self.change = change
+
+    def __call__(self, update: ClientUpdate, *, ctx) -> ClientUpdate:
+        return self.change(update) if update.client_id == 1 else update
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda u: dataclasses.replace(u, num_samples=str(u.num_samples)), r"num_samples=nan is not a whole number"),
+        (lambda u: dataclasses.replace(u, delta={k: v.to("meta") for k, v in u.delta.items()}), r"on meta"),
+        (lambda u: dataclasses.replace(u, client_id=0), r"names client 0 and round 0, but the server sent .* client 1"),
+    ],
+    ids=["num_samples_string", "meta_device", "spoofed_client_id"],
+)
+def test_one_bad_message_is_its_clients_failure_never_the_runs(tmp_path, change, reason) -> None:
+    tampered = _loop(tmp_path / "tampered", client_transforms=[_Tampers(change)])
+    with pytest.warns(UserWarning, match=rf"round 0: update of client 1 is dropped: .*{reason}"):
+        tampered.fit()
+    assert tampered.history[0]["clients"] == [0]
+    alone = _loop(tmp_path / "alone", selector=_Only([0]))
+    alone.fit()
+    expected = alone.global_model.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in tampered.global_model.state_dict().items())
