@@ -9,6 +9,7 @@ examples. The model's ``training_step`` must accept soft labels, class probabili
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import lightning as L
@@ -54,7 +55,7 @@ def mix_examples(
     return mixed, soft
 
 
-class MixingDefence(Defence, L.Callback):
+class MixingDefence(Defence, L.Callback, metaclass=abc.ABCMeta):
     """Base of the mixing defences: draws ``k - 1`` partners per example from the client's training set.
 
     Subclasses give the coefficients (:meth:`coefficients`) and may change the mixtures (:meth:`finish`). The
@@ -86,9 +87,9 @@ class MixingDefence(Defence, L.Callback):
     def parts(self) -> DefenceParts:
         return DefenceParts(client_callbacks=[self])
 
+    @abc.abstractmethod
     def coefficients(self, rows: int, generator: torch.Generator) -> Tensor:
         """``(rows, k)`` mixing weights, each row summing to 1."""
-        raise NotImplementedError
 
     def finish(self, mixed: Tensor, generator: torch.Generator) -> Tensor:
         """The mixtures as the model trains on them (default: unchanged)."""
