@@ -254,6 +254,10 @@ class StateSnapshot(Mapping[str, Tensor]):
     def __getitem__(self, key: str) -> Tensor:
         return self._state[key].clone()
 
+    def shapes(self) -> dict[str, torch.Size]:
+        """Every tensor's shape, without copying any tensor."""
+        return {k: v.shape for k, v in self._state.items()}
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._state)
 

@@ -244,7 +244,8 @@ class ClientStep:
             warnings.warn(message, stacklevel=4)
             log_failure(log, failure)
             return None
-        expected = {k: ctx.global_state[k] for k in ctx.spec.update_keys}
+        shapes = ctx.global_state.shapes()
+        expected = {k: shapes[k] for k in ctx.spec.update_keys}
         samples = ctx.spec.num_train_samples[client_id]
         reason = refused or check_update(
             update, expected, num_train_samples=samples, client_id=client_id, round_idx=round_idx

@@ -114,22 +114,22 @@ def drop_norm_outliers(
 
 
 def check_update(
-    update: Any, expected: Mapping[str, Tensor], *, num_train_samples: int, client_id: int, round_idx: int
+    update: Any, expected: Mapping[str, torch.Size], *, num_train_samples: int, client_id: int, round_idx: int
 ) -> str | None:
     """Why ``update`` must be dropped, or ``None``: it is checked whole before the server uses any of it.
 
     It must be a :class:`ClientUpdate` from the client the server sent this round's work to (``client_id``,
     ``round_idx``): a client cannot speak for another. Its layers (plaintext, plus the ones an encrypted ``payload``
-    declares) must be exactly the ``expected`` public layers, each a floating-point tensor of the expected shape
+    declares) must be exactly the ``expected`` public layers (their shapes), each a floating-point tensor of that shape
     with values (not on the meta device); its plaintext values finite; its ``num_samples`` (the
     client's FedAvg weight) a whole number, not a string, between 1 and ``num_train_samples``, the client's data
     size: a client cannot claim more data than it holds and take over the average.
 
     Example:
-        >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 10**12, 0.0), {"w": torch.zeros(2)},
+        >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 10**12, 0.0), {"w": torch.Size([2])},
         ...              num_train_samples=50, client_id=0, round_idx=0)
         'num_samples=1e+12 is not a whole number in 1..50 (the client holds 50 training samples)'
-        >>> check_update(ClientUpdate(2, 0, {"w": torch.ones(2)}, 10, 0.0), {"w": torch.zeros(2)},
+        >>> check_update(ClientUpdate(2, 0, {"w": torch.ones(2)}, 10, 0.0), {"w": torch.Size([2])},
         ...              num_train_samples=50, client_id=0, round_idx=0)
         'it names client 2 and round 0, but the server sent round 0 to client 0'
     """
@@ -148,13 +148,10 @@ def check_update(
         both = f", sent both encrypted and in the clear {twice[:3]}" if twice else ""
         return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]}{both})"
     for key, value in update.delta.items():
-        reference = expected[key]
-        if not isinstance(value, Tensor) or value.shape != reference.shape:
-            return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(reference.shape)}"
-        if value.dtype != reference.dtype or value.device != reference.device:
-            return (
-                f"tensor {key!r} is {value.dtype} on {value.device}, expected {reference.dtype} on {reference.device}"
-            )
+        if not isinstance(value, Tensor) or value.shape != expected[key]:
+            return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(expected[key])}"
+        if not value.is_floating_point() or value.is_meta:
+            return f"tensor {key!r} is {value.dtype} on {value.device}: it holds no floating-point values"
         if not torch.isfinite(value).all():
             return f"tensor {key!r} has non-finite values"
     return _check_num_samples(update.num_samples, num_train_samples)

@@ -66,7 +66,7 @@ def test_an_encrypted_update_must_declare_every_layer_once(delta, reason) -> Non
 @pytest.mark.parametrize("num_samples", [math.inf, math.nan, 1e12, 649, 0, -5, 2.5])
 def test_check_update_refuses_a_num_samples_that_is_not_a_whole_number_within_the_clients_data(num_samples) -> None:
     update = ClientUpdate(0, 0, {"w": torch.zeros(2)}, num_samples, 0.0)
-    reason = check_update(update, {"w": torch.zeros(2)}, num_train_samples=648, client_id=0, round_idx=0)
+    reason = check_update(update, {"w": torch.Size([2])}, num_train_samples=648, client_id=0, round_idx=0)
     assert reason is not None and reason.startswith("num_samples=") and "1..648" in reason
 
 
