@@ -51,17 +51,8 @@ class DigitsDataModule(L.LightningDataModule):
         return DataLoader(self.test_set, batch_size=256)
 
 
-class DigitsNet(L.LightningModule):
-    """A user's LightningModule (BoringModel style): a small CNN that logs ``train_loss`` and ``test_acc``."""
-
-    def __init__(self, lr: float = 0.05, channels: int = 8) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.features = nn.Sequential(nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
-        self.head = nn.Linear(channels * 16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).flatten(1))
+class _LogsLossAndAccuracy(L.LightningModule):
+    """The steps a user's classifier writes: cross-entropy logged as ``train_loss``, ``test_acc`` on test batches."""
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -72,6 +63,19 @@ class DigitsNet(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         x, y = batch
         self.log("test_acc", (self(x).argmax(1) == y).float().mean())
+
+
+class DigitsNet(_LogsLossAndAccuracy):
+    """A user's LightningModule (BoringModel style): a small CNN that logs ``train_loss`` and ``test_acc``."""
+
+    def __init__(self, lr: float = 0.05, channels: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.features = nn.Sequential(nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(channels * 16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
@@ -91,7 +95,7 @@ class DigitsSplit(Dataset):
         return self.inputs[index], self.labels[index]
 
 
-class PhotoNet(L.LightningModule):
+class PhotoNet(_LogsLossAndAccuracy):
     """A user's RGB classifier as the issue's user wrote it: two conv-BatchNorm-ReLU-pool blocks and a linear layer
     (optionally a dropout before it), for 32x32 colour tiles."""
 
@@ -105,16 +109,6 @@ class PhotoNet(L.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
-
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        self.log("test_acc", (self(x).argmax(1) == y).float().mean())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
