@@ -182,7 +182,8 @@ def lenet_victim(num_classes: int, seed: int) -> nn.Module:
 
 
 def resnet_victim(num_classes: int, seed: int, epochs: int) -> nn.Module:
-    """ResNet-18 (CIFAR stem), untrained or trained ``epochs`` epochs of Adam on the photo crops' training split."""
+    """ResNet-18 (torchvision's ImageNet stem, as measured in docs/attacks.md), untrained or trained ``epochs``
+    epochs of Adam on the photo crops' training split."""
     from lightning_fl.models.cifar import resnet18
 
     torch.manual_seed(seed)

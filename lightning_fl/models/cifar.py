@@ -1,5 +1,5 @@
 """CIFAR-sized networks: AlexNet for 32x32, ResNet-20/32 (He et al., 2016, Sec. 4.2), and adapters of
-torchvision's ResNet-18 and VGG-16 for any channel and class count."""
+torchvision's ResNet-18 (ImageNet or 32x32 stem) and VGG-16 for any channel and class count."""
 
 from __future__ import annotations
 
@@ -112,10 +112,24 @@ def resnet32(in_channels: int = 3, num_classes: int = 10) -> CifarResNet:
     return CifarResNet(32, in_channels, num_classes)
 
 
-def resnet18(in_channels: int = 3, num_classes: int = 10) -> nn.Module:
-    """torchvision's ResNet-18 (untrained) with its first convolution adapted to ``in_channels``."""
+def resnet18(in_channels: int = 3, num_classes: int = 10, *, cifar_stem: bool = False) -> nn.Module:
+    """torchvision's ResNet-18 (untrained) with its first convolution adapted to ``in_channels``.
+
+    ``cifar_stem`` replaces the ImageNet stem (7x7 stride-2 convolution and max-pool, which leave a 32x32 image 1x1
+    before the last stage) with one 3x3 stride-1 convolution and no pool: the ResNet-18 of the 32x32 gradient-
+    inversion experiments (Geiping et al., NeurIPS 2020, Sec. 5; Huang et al., NeurIPS 2021, Sec. 3).
+
+    Example:
+        >>> import torch
+        >>> net = resnet18(num_classes=9, cifar_stem=True)
+        >>> net.conv1.stride, type(net.maxpool).__name__, net(torch.zeros(2, 3, 32, 32)).shape
+        ((1, 1), 'Identity', torch.Size([2, 9]))
+    """
     net = tv.resnet18(weights=None, num_classes=num_classes)
-    if in_channels != 3:
+    if cifar_stem:
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
     return net
 

@@ -15,7 +15,17 @@ from lightning_fl.models.mlp import MLP
 __all__ = ["BACKBONES", "BackboneName", "build_backbone"]
 
 BackboneName = Literal[
-    "lenet_dlg", "convnet", "convnet_small", "lenet5", "mlp", "alexnet", "resnet18", "resnet20", "resnet32", "vgg16"
+    "lenet_dlg",
+    "convnet",
+    "convnet_small",
+    "lenet5",
+    "mlp",
+    "alexnet",
+    "resnet18",
+    "resnet18_cifar",
+    "resnet20",
+    "resnet32",
+    "vgg16",
 ]
 
 BACKBONES: dict[str, Callable[[int, int, int], nn.Module]] = {
@@ -26,6 +36,7 @@ BACKBONES: dict[str, Callable[[int, int, int], nn.Module]] = {
     "convnet_small": lambda c, k, s: ConvNet(width=8, in_channels=c, num_classes=k, image_size=s),
     "alexnet": lambda c, k, s: AlexNetCIFAR(in_channels=c, num_classes=k),
     "resnet18": lambda c, k, s: resnet18(in_channels=c, num_classes=k),
+    "resnet18_cifar": lambda c, k, s: resnet18(in_channels=c, num_classes=k, cifar_stem=True),
     "resnet20": lambda c, k, s: resnet20(in_channels=c, num_classes=k),
     "resnet32": lambda c, k, s: resnet32(in_channels=c, num_classes=k),
     "vgg16": lambda c, k, s: vgg16(in_channels=c, num_classes=k),

@@ -34,3 +34,12 @@ def test_classifier_standardises_inside_forward() -> None:
 def test_classifier_rejects_unknown_optimiser() -> None:
     with pytest.raises(ValueError, match=r"model\.optimizer='rmsprop' is unknown"):
         ImageClassifier("lenet_dlg", optimizer="rmsprop")  # type: ignore[arg-type]
+
+
+def test_resnet18_cifar_keeps_a_32x32_image_spatial_until_the_last_stage() -> None:
+    features = {}
+    net = build_backbone("resnet18_cifar", in_channels=3, num_classes=9).eval()
+    net.layer4.register_forward_hook(lambda _m, _i, out: features.update(layer4=out.shape))
+    with torch.no_grad():
+        net(torch.rand(1, 3, 32, 32))
+    assert features["layer4"][-2:] == (4, 4)  # the ImageNet stem leaves 1x1 here
