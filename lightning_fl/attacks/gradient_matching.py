@@ -380,23 +380,26 @@ class GradientMatchingAttack(GradientAttack):
             lr_decay=self.lr_decay,
         )
         ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
+        best = _BestIterates(images, label_input)
         recovery = RestartRecovery(variables, vanished=1e-7) if self.recover_stalled else None
         for iteration in range(problem.max_iterations):
             if iteration == self.keep_best_after and len(ids) > 1:
-                best = int(relative.nan_to_num(torch.inf).argmin())
-                rows = torch.tensor([best], device=images.device)
-                ids, optimised = ids[best : best + 1], len(variables) == 2
+                kept = int(relative.nan_to_num(torch.inf).argmin())
+                rows = torch.tensor([kept], device=images.device)
+                ids, optimised = ids[kept : kept + 1], len(variables) == 2
                 images = images.detach()[rows].requires_grad_()
                 label_input = label_input.detach()[rows].requires_grad_(optimised)
                 variables = [images, label_input] if optimised else [images]
                 objective = problem.single
                 step = keep(rows, variables)
                 recovery = recovery.keep(rows) if recovery is not None else None
+                best.keep(rows)
             losses, gaps = objective(images, label_input)
             relative = gaps.detach() / problem.gap_scale
+            labels = label_input.detach().argmax(-1)
+            best.update(losses.detach(), images.detach(), labels)
             if problem.stop_below is not None and bool((relative <= problem.stop_below).any()):
-                labels = label_input.detach().argmax(-1)
-                yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, True, ids)
+                yield best.state(iteration, losses.detach(), images.detach(), labels, relative, True, ids)
                 return
             grads = torch.autograd.grad(losses.sum() / unit, variables)
             if recovery is not None:
@@ -405,11 +408,12 @@ class GradientMatchingAttack(GradientAttack):
             if recovery is not None:
                 recovery.recover(relative, grads, variables, problem.redraw, reset)
             labels = label_input.detach().argmax(-1)
-            yield MatchingState(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
+            yield best.state(iteration, losses.detach(), images.detach(), labels, relative, False, ids)
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
-        """Reconstruct the private batch behind ``view``; the restart with the smallest final objective wins (on an
-        early stop, the restart whose relative gradient distance reached ``stop_below``).
+        """Reconstruct the private batch behind ``view``: each restart's iterate of smallest objective, of the
+        restart whose is smallest (on an early stop, the restart whose relative gradient distance reached
+        ``stop_below``, at that iterate).
 
         The attack runs on the attacked model's device; the returned images and labels are on the CPU.
         """
@@ -425,19 +429,24 @@ class GradientMatchingAttack(GradientAttack):
                     callback(state.iteration, float(state.losses.nan_to_num(torch.inf).min()))
                 progress.advance(task)
         assert state is not None  # max_iterations > 0 is checked in __init__
-        deciding = state.relative_gaps if state.converged else state.losses
-        best = int(deciding.nan_to_num(torch.inf).argmin())
+        if state.converged:
+            best = int(state.relative_gaps.nan_to_num(torch.inf).argmin())
+            images, labels = state.images[best], state.labels[best]
+        else:
+            best = int(state.best_losses.nan_to_num(torch.inf).argmin())
+            images, labels = state.best_images[best], state.best_labels[best]
         winner = int(state.restart_ids[best])
         loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
-            images=state.images[best].nan_to_num(0.5).clamp(0, 1).cpu(),
-            labels=state.labels[best].cpu().clone(),
+            images=images.nan_to_num(0.5).clamp(0, 1).cpu(),
+            labels=labels.cpu().clone(),
             loss_history=loss_history,
             info={
                 "restarts": self.restarts,
                 "best_restart": winner,
                 "iterations": len(history),
                 "final_loss": loss_history[-1],
+                "best_loss": float(state.best_losses[best]),
                 "relative_gap": float(state.relative_gaps[best]),
                 "converged": state.converged,
                 "seconds": time.perf_counter() - start,
@@ -451,3 +460,27 @@ class GradientMatchingAttack(GradientAttack):
             f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r}, "
             f"bn_statistics={self.bn_statistics!r}, bn_weight={self.bn_weight})"
         )
+
+
+class _BestIterates:
+    """Each restart's smallest objective so far and the candidates that reached it (what
+    :meth:`GradientMatchingAttack.reconstruct` returns)."""
+
+    def __init__(self, images: Tensor, label_input: Tensor) -> None:
+        self.losses = images.new_full((images.shape[0],), torch.inf)
+        self.images, self.labels = images.detach().clone(), label_input.detach().argmax(-1)
+
+    def update(self, losses: Tensor, images: Tensor, labels: Tensor) -> None:
+        """Keep, per restart, ``images``/``labels`` where ``losses`` (evaluated at them) is a new minimum."""
+        better = losses < self.losses  # NaN never is
+        self.losses = torch.where(better, losses, self.losses)
+        self.images = torch.where(better.view(-1, *[1] * (images.dim() - 1)), images, self.images)
+        self.labels = torch.where(better.view(-1, *[1] * (labels.dim() - 1)), labels, self.labels)
+
+    def keep(self, rows: Tensor) -> None:
+        """Only the restarts at ``rows`` from now on."""
+        self.losses, self.images, self.labels = self.losses[rows], self.images[rows], self.labels[rows]
+
+    def state(self, *fields: object) -> MatchingState:
+        """A :class:`MatchingState` of ``fields`` (its leading fields, in order) with these best iterates."""
+        return MatchingState(*fields, self.losses, self.images, self.labels)

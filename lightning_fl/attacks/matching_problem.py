@@ -40,6 +40,10 @@ class MatchingState:
         converged: true on the last state when a restart reached ``stop_below``.
         restart_ids: which of the original restarts each row is, ``(R,)`` (rows shrink to one after
             ``keep_best_after``).
+        best_losses: each restart's smallest objective so far ``(R,)``.
+        best_images: each restart's candidates at that objective ``(R, B, C, H, W)`` (breaching keeps this iterate,
+            not the last one: signed steps end near, not at, the minimum they passed).
+        best_labels: each restart's labels at that objective ``(R, B)``.
     """
 
     iteration: int
@@ -49,6 +53,9 @@ class MatchingState:
     relative_gaps: Tensor
     converged: bool
     restart_ids: Tensor
+    best_losses: Tensor
+    best_images: Tensor
+    best_labels: Tensor
 
 
 @dataclass(frozen=True)
