@@ -252,8 +252,8 @@ def run_attack(
         seed: seed of the batch choice.
 
     Returns:
-        the ``summary.json["attacks"]`` entry (with ``run.batches > 1``: ``summary.json["totals"]``, see
-        :func:`attack_totals`): ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
+        the ``summary.json["attacks"]`` entry (with more than one attacked image: ``summary.json["totals"]``,
+        see :func:`attack_totals`): ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
         ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``recovered``, ``image``,
         ``matched_sources``,
         ``attacked`` (where each attacked image came from: its file for an ImageFolder), ``seconds``.
@@ -306,7 +306,7 @@ def run_attack(
         )
     summary: dict[str, object] = {"attacks": entries}
     entry = entries[0]
-    if run.batches > 1:
+    if len(ssims) > 1:
         entry = summary["totals"] = attack_totals(entries, psnrs=psnrs, ssims=ssims, success_ssim=run.success_ssim)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return entry

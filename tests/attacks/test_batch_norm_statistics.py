@@ -67,3 +67,12 @@ def test_attack_run_over_several_batches_reports_totals_with_intervals(tmp_path:
     assert len(set(attacked)) == 6  # disjoint batches
     with pytest.raises(ValueError, match=r"run.batches=0 must be >= 1"):
         AttackRun(batches=0)
+
+
+def test_one_batch_of_several_images_reports_its_mean_with_an_interval(tmp_path: Path) -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
+    torch.manual_seed(0)
+    model = ImageClassifier(**dm.model_options, backbone="lenet_dlg")
+    attack = InvertingGradientsAttack(max_iterations=3, restarts=1, progress_bar=False)
+    totals = run_attack(attack, data=dm, model=model, run=AttackRun(batch_size=4), output_dir=tmp_path)
+    assert totals["batches"] == 1 and totals["num_images"] == 4 and len(totals["ssim_interval"]) == 2
