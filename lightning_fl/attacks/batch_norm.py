@@ -19,7 +19,7 @@ The prior is DeepInversion's (Yin et al., CVPR 2020, Eq. 4; See-Through-Gradient
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from torch import Tensor, nn
@@ -31,6 +31,8 @@ __all__ = [
     "BN_STATISTICS",
     "BatchNormStatistics",
     "BatchNormStatisticsName",
+    "batch_norm_distance",
+    "batch_norm_layer_names",
     "batch_norm_prior",
     "batch_norm_statistics",
     "leaked_batch_statistics",
@@ -44,6 +46,27 @@ BatchNormStatistics = list[tuple[Tensor, Tensor]]
 
 def _batch_norms(model: nn.Module) -> list[tuple[str, nn.BatchNorm2d]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None]
+
+
+def batch_norm_layer_names(model: nn.Module) -> list[str]:
+    """The ``BatchNorm2d`` layers with running statistics whose :data:`BatchNormStatistics` an attacker matches,
+    in model order."""
+    return [name for name, _ in _batch_norms(model)]
+
+
+def batch_norm_distance(inputs: Sequence[Tensor], statistics: BatchNormStatistics, *, correction: int) -> Tensor:
+    r""":math:`R_{BN}` of one candidate batch from the ``inputs`` it fed each ``BatchNorm2d`` (``(B, C, H, W)``
+    each, in model order): :math:`\sum_l \|\mu_l(x) - \mu_l\|_2 + \|\sigma^2_l(x) - \sigma^2_l\|_2`, the variance
+    with ``correction`` (see :func:`batch_norm_prior`).
+
+    Raises:
+        ValueError: when ``inputs`` and ``statistics`` differ in length.
+    """
+    total = inputs[0].new_zeros(())
+    for features, (mean, var) in zip(inputs, statistics, strict=True):
+        batch_var = features.var((0, 2, 3), correction=correction)
+        total = total + (features.mean((0, 2, 3)) - mean).norm() + (batch_var - var).norm()
+    return total
 
 
 def leaked_batch_statistics(view: ServerView) -> BatchNormStatistics | None:
@@ -140,10 +163,7 @@ def batch_norm_prior(
     def prior(images: Tensor) -> Tensor:
         seen.clear()
         copied(images)
-        total = images.new_zeros(())
-        for features, (mean, var) in zip(seen, statistics, strict=True):
-            batch_var = features.var((0, 2, 3), correction=correction)
-            total = total + (features.mean((0, 2, 3)) - mean).norm() + (batch_var - var).norm()
+        total = batch_norm_distance(seen, statistics, correction=correction)
         seen.clear()
         return total
 

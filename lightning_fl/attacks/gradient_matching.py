@@ -34,6 +34,8 @@ from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconst
 from lightning_fl.attacks.batch_norm import (
     BN_STATISTICS,
     BatchNormStatisticsName,
+    batch_norm_distance,
+    batch_norm_layer_names,
     batch_norm_prior,
     batch_norm_statistics,
 )
@@ -49,7 +51,7 @@ from lightning_fl.attacks.batch_settings import (
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
 from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_layer_weight_name
-from lightning_fl.attacks.local_update import simulated_pseudo_gradient
+from lightning_fl.attacks.local_update import parameter_gradient_and_inputs, simulated_pseudo_gradient
 from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.priors import TotalVariation, total_variation
@@ -258,6 +260,7 @@ class GradientMatchingAttack(GradientAttack):
         if num_classes < 1:
             raise ValueError("the view has no metadata['num_classes']; an attack needs it.")
         model = copy.deepcopy(view.model)
+        norm_names = batch_norm_layer_names(model)
         if model.training:  # batch statistics without running-stat writes (vmap-safe); eval mode uses the running ones
             replace_all_batch_norm_modules_(model)
         unknown = self.unknowns(model)
@@ -306,26 +309,38 @@ class GradientMatchingAttack(GradientAttack):
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
         statistics = batch_norm_statistics(view, self.bn_statistics) if self.bn_weight > 0 else None
-        if statistics is not None:
-            prior = batch_norm_prior(view.model, statistics, correction=0 if self.bn_statistics == "running" else 1)
+        correction = 0 if self.bn_statistics == "running" else 1
+        # one image batch in train mode: the simulated step's own forward pass feeds the BatchNorm prior (the
+        # separate prior model runs in train mode, so only then are the two passes the same)
+        fused = statistics is not None and model.training and target.local_steps == 1
+        norms = [model.get_submodule(name) for name in norm_names] if fused else []
+        if statistics is not None and not fused:
+            prior = batch_norm_prior(view.model, statistics, correction=correction)
             regularisers.append(lambda x: self.bn_weight * prior(x))
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-            candidate = simulated_pseudo_gradient(
-                model,
-                params,
-                frozen | unknown,
-                x,
-                to_probabilities(y),
-                local_steps=target.local_steps,
-                lr=target.lr,
-                data_per_step=target.data_per_step,
-            )
+            if fused:
+                candidate, inputs = parameter_gradient_and_inputs(
+                    model, params, frozen | unknown, x, to_probabilities(y), modules=norms
+                )
+                penalty = self.bn_weight * batch_norm_distance(inputs, statistics, correction=correction)
+            else:
+                candidate = simulated_pseudo_gradient(
+                    model,
+                    params,
+                    frozen | unknown,
+                    x,
+                    to_probabilities(y),
+                    local_steps=target.local_steps,
+                    lr=target.lr,
+                    data_per_step=target.data_per_step,
+                )
+                penalty = 0.0
             matched = [candidate[n] for n in target.names]
             if target.masks is not None:
                 matched = [c * m for c, m in zip(matched, target.masks, strict=True)]
             gap = distance(candidate=matched, target=target.tensors)
-            return gap + sum(r(x) for r in regularisers), gap
+            return gap + penalty + sum(r(x) for r in regularisers), gap
 
         gap_scale = float(distance(candidate=[t.new_zeros(()) for t in target.tensors], target=target.tensors))
         batched, single = over_restarts(objective, restarts=self.restarts), over_restarts(objective, restarts=1)

@@ -9,12 +9,14 @@ compares *pseudo-gradients* :math:`-\\Delta\\theta / \\eta`, which for T = 1 is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad
 
-__all__ = ["parameter_gradient", "simulated_pseudo_gradient", "soft_cross_entropy"]
+__all__ = ["parameter_gradient", "parameter_gradient_and_inputs", "simulated_pseudo_gradient", "soft_cross_entropy"]
 
 
 def soft_cross_entropy(logits: Tensor, probabilities: Tensor) -> Tensor:
@@ -45,11 +47,43 @@ def parameter_gradient(
         >>> sorted(g), g["weight"].shape
         (['bias', 'weight'], torch.Size([2, 3]))
     """
+    return parameter_gradient_and_inputs(model, params, frozen, images, probabilities, modules=())[0]
 
-    def loss(p: dict[str, Tensor]) -> Tensor:
-        return soft_cross_entropy(functional_call(model, {**frozen, **p}, (images,)), probabilities)
 
-    return grad(loss)(params)
+def parameter_gradient_and_inputs(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    frozen: dict[str, Tensor],
+    images: Tensor,
+    probabilities: Tensor,
+    *,
+    modules: Sequence[nn.Module],
+) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """:func:`parameter_gradient` and the inputs that its forward pass fed to each of ``modules`` (submodules of
+    ``model``, in call order), both differentiable in ``images``: a prior on a layer's inputs (the BatchNorm prior)
+    then costs no second forward pass.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> _, (hidden,) = parameter_gradient_and_inputs(
+        ...     net, params, {}, torch.ones(1, 3), torch.tensor([[1.0, 0.0]]), modules=[net[2]]
+        ... )
+        >>> torch.allclose(hidden, net[1](net[0](torch.ones(1, 3))))
+        True
+    """
+
+    def loss(p: dict[str, Tensor]) -> tuple[Tensor, list[Tensor]]:
+        seen: list[Tensor] = []
+        hooks = [m.register_forward_pre_hook(lambda _, args: seen.append(args[0])) for m in modules]
+        try:
+            logits = functional_call(model, {**frozen, **p}, (images,))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return soft_cross_entropy(logits, probabilities), seen
+
+    return grad(loss, has_aux=True)(params)
 
 
 def simulated_pseudo_gradient(

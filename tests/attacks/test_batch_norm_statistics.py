@@ -10,6 +10,7 @@ import torch
 
 from lightning_fl.attacks import InvertingGradientsAttack
 from lightning_fl.attacks.batch_norm import batch_norm_prior, batch_norm_statistics, leaked_batch_statistics
+from lightning_fl.attacks.priors import total_variation
 from lightning_fl.attacks.standalone import AttackRun, client_view, run_attack
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.datamodules.datasets import load_dataset
@@ -76,3 +77,21 @@ def test_one_batch_of_several_images_reports_its_mean_with_an_interval(tmp_path:
     attack = InvertingGradientsAttack(max_iterations=3, restarts=1, progress_bar=False)
     totals = run_attack(attack, data=dm, model=model, run=AttackRun(batch_size=4), output_dir=tmp_path)
     assert totals["batches"] == 1 and totals["num_images"] == 4 and len(totals["ssim_interval"]) == 2
+
+
+def test_the_fused_batch_norm_prior_equals_the_separate_prior_model() -> None:
+    torch.manual_seed(0)
+    model = ConvNet(width=4, num_classes=9)
+    images, labels = photo_tile()
+    view = client_view(model, images, labels, num_classes=9)
+    attack = InvertingGradientsAttack(
+        max_iterations=1, restarts=2, tv_weight=0.5, bn_statistics="leaked", bn_weight=0.3, init="image_randn"
+    )
+    problem = attack.problem(view)
+    candidates = problem.images.detach().requires_grad_()
+    total, gap = problem.objective(candidates, problem.label_input)
+    prior = batch_norm_prior(view.model, leaked_batch_statistics(view), correction=1)
+    expected = torch.stack([gap[r] + 0.3 * prior(candidates[r]) + 0.5 * total_variation(candidates[r]) for r in (0, 1)])
+    assert torch.allclose(total, expected, rtol=1e-5)
+    fused, separate = (torch.autograd.grad(t.sum(), candidates, retain_graph=True)[0] for t in (total, expected))
+    assert torch.allclose(fused, separate, rtol=1e-4, atol=1e-6)
