@@ -42,7 +42,8 @@ class Preset:
         ...     def __init__(self, *, a: int = 0, b: str = "x") -> None:
         ...         self.a, self.b = a, b
         >>> class Paper(Engine):
-        ...     __init__ = Preset(pinned={"b": "y"}, defaults={"a": 3}).constructor(Engine.__init__, owner="Paper")
+        ...     pass
+        >>> Paper.__init__ = Preset(pinned={"b": "y"}, defaults={"a": 3}).constructor(Engine.__init__, owner=Paper)
         >>> vars(Paper()), vars(Paper(a=4)), inspect.signature(Paper)
         ({'a': 3, 'b': 'y'}, {'a': 4, 'b': 'y'}, <Signature (*, a: int = 3) -> None>)
         >>> Paper(b="z")
@@ -94,14 +95,14 @@ class Preset:
         return inspect.Signature(own, return_annotation=None)
 
     def constructor(
-        self, engine: Callable[..., None], *, owner: str, types: Mapping[str, Any] | None = None
+        self, engine: Callable[..., None], *, owner: type, types: Mapping[str, Any] | None = None
     ) -> Callable[..., None]:
         """The ``__init__`` of the preset class ``owner``: it takes the preset's arguments and calls
         ``engine(self, **pinned, **arguments)`` with the user's values over the paper's.
 
         Args:
             engine: the general constructor, ``(self, **settings) -> None``.
-            owner: the preset class's name (in error messages and the function's qualified name).
+            owner: the preset class (it names the function).
             types: each argument's type; ``None``: the annotations of ``engine``.
 
         Raises:
@@ -122,5 +123,5 @@ class Preset:
         __init__.__signature__ = signature  # type: ignore[attr-defined]
         __init__.__annotations__ = {p.name: p.annotation for p in list(signature.parameters.values())[1:]}
         __init__.__annotations__["return"] = None
-        __init__.__qualname__ = f"{owner}.__init__"
+        __init__.__qualname__, __init__.__module__ = f"{owner.__qualname__}.__init__", owner.__module__
         return __init__

@@ -147,7 +147,7 @@ class GradientMatchingAttack(GradientAttack):
         if cls.__dict__.get("preset") is not None:
             engine = inspect.get_annotations(GradientMatchingAttack.__init__, eval_str=True)
             own = inspect.get_annotations(cls._configure, eval_str=True)
-            cls.__init__ = cls.preset.constructor(cls._configure, owner=cls.__name__, types={**own, **engine})
+            cls.__init__ = cls.preset.constructor(cls._configure, owner=cls, types={**own, **engine})
 
     def __init__(
         self,

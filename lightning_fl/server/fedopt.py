@@ -135,7 +135,7 @@ class _AdaptiveServerOptimizer(ServerOptimizer):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("preset") is not None:
-            cls.__init__ = cls.preset.constructor(_AdaptiveServerOptimizer.__init__, owner=cls.__name__)
+            cls.__init__ = cls.preset.constructor(_AdaptiveServerOptimizer.__init__, owner=cls)
 
     def __init__(
         self, *, eta: float, beta_1: float, beta_2: float, tau: float, initial_accumulator: float, weighted: bool
