@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser
 
 from lightning_fl.attacks import (
     DLGAttack,
@@ -99,7 +99,7 @@ def test_yaml_class_path_builds_each_preset_with_an_override(attack_type: type) 
 def test_yaml_init_arg_typo_names_the_key() -> None:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--attack", type=GradientAttack)
-    with pytest.raises(Exception, match="max_iteratons"):
+    with pytest.raises(ArgumentError, match="max_iteratons"):
         parser.parse_string(_yaml(SeeThroughGradientsAttack, {"max_iteratons": 5}))
     with pytest.raises(TypeError, match="SeeThroughGradientsAttack\\(\\): got an unexpected keyword argument 'signed'"):
         build(yaml.safe_load(_yaml(SeeThroughGradientsAttack, {"signed": True}))["attack"])
