@@ -86,7 +86,7 @@ class Preset:
         """
         untyped = [name for name in self.defaults if name not in types]
         if untyped:
-            raise TypeError(f"Preset arguments {untyped} have no type; annotate them in the engine's signature.")
+            raise TypeError(f"Preset arguments {untyped} have no type; annotate them where the engine takes them.")
         own = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
         own += [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=types[name])
