@@ -10,12 +10,12 @@ that shadows ours, so ``import benchmarks._config`` would not work).
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning_fl.bench.grid import read_mapping
+from lightning_fl.config import build
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -47,5 +47,4 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
 
 def instantiate(entry: dict[str, Any], **overrides: Any) -> Any:
     """Build ``{class_path, init_args}`` (a fit config's component) with ``overrides`` on top of its init_args."""
-    module, _, name = entry["class_path"].rpartition(".")
-    return getattr(importlib.import_module(module), name)(**{**entry.get("init_args", {}), **overrides})
+    return build({**entry, "init_args": {**(entry.get("init_args") or {}), **overrides}})

@@ -33,7 +33,7 @@ from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.metrics import fdlpp_privacy_score, image_mse, score_reconstruction
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.bench import scratch_loop
-from lightning_fl.bench.grid import build
+from lightning_fl.config import build
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import Defence, add_gaussian_noise, apply_defences
 from lightning_fl.messages import GroundTruth, ServerView

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from lightning_fl.attacks.distances import euclidean_distance
-from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName, MatchingTarget
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, MatchingTarget
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
-from lightning_fl.attacks.labels import LabelStrategy
 from lightning_fl.messages import ServerView
+from lightning_fl.presets import REQUIRED, Preset
 from lightning_fl.private import private_modules
 
 __all__ = [
@@ -153,22 +153,32 @@ class NoiseAwareAttack(GradientMatchingAttack):
     """
 
     name = "noise_aware"
+    preset = Preset(
+        pinned={
+            "distance": "euclidean",
+            "optimizer": "adam",
+            "labels": "infer",
+            "signed": True,
+            "boxed": True,
+            "lr_decay": True,
+        },
+        defaults={
+            "noise": "gaussian",
+            "noise_scale": REQUIRED,
+            "prior_weight": 300.0,
+            "max_iterations": 4800,
+            "lr": 0.1,
+            "restarts": 8,
+            "label_strategy": "bias_count",
+            "init": "randn",
+            "layers": None,
+            "progress_bar": True,
+            "seed": 0,
+        },
+    )
 
-    def __init__(
-        self,
-        *,
-        noise: NoiseName = "gaussian",
-        noise_scale: float,
-        prior_weight: float = 300.0,
-        max_iterations: int = 4800,
-        lr: float = 0.1,
-        restarts: int = 8,
-        label_strategy: LabelStrategy = "bias_count",
-        init: InitName = "randn",
-        layers: Sequence[str] | None = None,
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def _configure(self, *, noise: NoiseName, noise_scale: float, prior_weight: float, **settings: Any) -> None:
+        """Check and keep the noise model; its scale weighs the total-variation prior (the class docstring)."""
         if noise not in NOISES:
             raise ValueError(f"NoiseAwareAttack(noise={noise!r}) is unknown; use one of {sorted(NOISES)}.")
         if noise_scale <= 0 or prior_weight < 0:
@@ -178,23 +188,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
             )
         self.noise, self.noise_scale, self.prior_weight = noise, noise_scale, prior_weight
         scale = 2 * noise_scale**2 if noise == "gaussian" else noise_scale
-        super().__init__(
-            distance="euclidean",
-            optimizer="adam",
-            lr=lr,
-            max_iterations=max_iterations,
-            restarts=restarts,
-            labels="infer",
-            label_strategy=label_strategy,
-            init=init,
-            tv_weight=scale * prior_weight,
-            signed=True,
-            boxed=True,
-            lr_decay=True,
-            layers=layers,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+        super()._configure(tv_weight=scale * prior_weight, **settings)
 
     def gradient_distance(self) -> Callable[..., Tensor]:
         """The noise's Bayes-optimal data term (:data:`NOISES`)."""
@@ -270,39 +264,20 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
     """
 
     name = "private_unknowns"
+    preset = InvertingGradientsAttack.preset.derive(
+        pinned={"signed": True, "boxed": True, "lr_decay": True, "bn_statistics": "none", "bn_weight": 0.0},
+        defaults={"private": "secrets", "private_step": 0.1},
+    )
 
-    def __init__(
-        self,
-        *,
-        private: PrivateUnknowns = "secrets",
-        private_step: float = 0.1,
-        max_iterations: int = 4800,
-        lr: float = 0.1,
-        restarts: int = 4,
-        tv_weight: float = 1e-4,
-        label_strategy: LabelStrategy = "bias_count",
-        init: InitName = "randn",
-        layers: Sequence[str] | None = None,
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def _configure(self, *, private: PrivateUnknowns, private_step: float, **settings: Any) -> None:
+        """Check and keep which private tensors are unknowns and their step; the rest goes to the engine."""
         if private not in ("secrets", "all") or private_step <= 0:
             raise ValueError(
                 f"PrivateUnknownsAttack(private={private!r}, private_step={private_step}): use 'secrets' or 'all', "
                 "and a step > 0."
             )
         self.private, self.private_step = private, private_step
-        super().__init__(
-            max_iterations=max_iterations,
-            lr=lr,
-            restarts=restarts,
-            tv_weight=tv_weight,
-            label_strategy=label_strategy,
-            init=init,
-            layers=layers,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+        super()._configure(**settings)
 
     def unknowns(self, model: nn.Module) -> dict[str, Tensor]:
         """Reparametrise the chosen floating-point tensors of ``model``'s private modules as :class:`ScaledShift`

@@ -10,10 +10,8 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from lightning_fl.attacks.gradient_matching import Auto, GradientMatchingAttack, InitName, LabelMode
-from lightning_fl.attacks.labels import LabelStrategy
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
+from lightning_fl.presets import Preset
 
 __all__ = ["DLGAttack"]
 
@@ -67,38 +65,21 @@ class DLGAttack(GradientMatchingAttack):
     """
 
     name = "dlg"
-
-    def __init__(
-        self,
-        *,
-        max_iterations: int | Auto = "auto",
-        lr: float = 1.0,
-        restarts: int = 4,
-        init: InitName = "rand",
-        labels: LabelMode = "auto",
-        label_strategy: LabelStrategy = "bias_count",
-        layers: Sequence[str] | None = None,
-        stop_below: float | Auto | None = "auto",
-        keep_best_after: int | None = 100,
-        recover_stalled: bool = True,
-        tv_weight: float | Auto = "auto",
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            distance="euclidean",
-            optimizer="lbfgs",
-            lr=lr,
-            max_iterations=max_iterations,
-            restarts=restarts,
-            labels=labels,
-            label_strategy=label_strategy,
-            init=init,
-            layers=layers,
-            stop_below=stop_below,
-            keep_best_after=keep_best_after,
-            recover_stalled=recover_stalled,
-            tv_weight=tv_weight,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+    preset = Preset(
+        pinned={"distance": "euclidean", "optimizer": "lbfgs"},
+        defaults={
+            "max_iterations": "auto",
+            "lr": 1.0,
+            "restarts": 4,
+            "init": "rand",
+            "labels": "auto",
+            "label_strategy": "bias_count",
+            "layers": None,
+            "stop_below": "auto",
+            "keep_best_after": 100,
+            "recover_stalled": True,
+            "tv_weight": "auto",
+            "progress_bar": True,
+            "seed": 0,
+        },
+    )

@@ -19,10 +19,11 @@ seed gives the same starting point on every device.
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,7 @@ from lightning_fl.attacks.restart_recovery import RestartRecovery
 from lightning_fl.attacks.steppers import OPTIMIZERS, OptimizerName, make_stepper
 from lightning_fl.attacks.targets import MatchingTarget, leaked_batch_size, matching_target
 from lightning_fl.messages import ServerView
+from lightning_fl.presets import Preset
 
 __all__ = [
     "BATCH_MAX_ITERATIONS",
@@ -94,6 +96,10 @@ def _identity(x: Tensor) -> Tensor:
 
 class GradientMatchingAttack(GradientAttack):
     """Optimise candidate images (and labels) so that their simulated gradient matches the intercepted one.
+
+    A paper's attack is a subclass that declares a :class:`~lightning_fl.presets.Preset` (``preset``: the settings
+    the paper fixes and the arguments it offers, with the paper's values) instead of a constructor of its own; its
+    ``__init__`` is made from that declaration and calls :meth:`_configure`.
 
     Args:
         distance: ``"euclidean"`` (DLG) or ``"cosine"`` (Inverting Gradients); see :data:`DISTANCES`.
@@ -136,6 +142,14 @@ class GradientMatchingAttack(GradientAttack):
     """
 
     name = "gradient_matching"
+    preset: ClassVar[Preset | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("preset") is not None:
+            engine = inspect.get_annotations(GradientMatchingAttack.__init__, eval_str=True)
+            own = inspect.get_annotations(cls._configure, eval_str=True)
+            cls.__init__ = cls.preset.constructor(cls._configure, owner=cls, types={**own, **engine})
 
     def __init__(
         self,
@@ -143,7 +157,7 @@ class GradientMatchingAttack(GradientAttack):
         distance: DistanceName = "euclidean",
         optimizer: OptimizerName = "lbfgs",
         lr: float = 1.0,
-        max_iterations: int = 300,
+        max_iterations: int | Auto = 300,
         restarts: int = 1,
         labels: LabelMode = "optimise",
         label_strategy: LabelStrategy = "bias_count",
@@ -191,6 +205,12 @@ class GradientMatchingAttack(GradientAttack):
         self.signed, self.boxed, self.lr_decay = signed, boxed, lr_decay
         self.layers = list(layers) if layers is not None else None
         self.progress_bar, self.seed = progress_bar, seed
+
+    def _configure(self, **settings: Any) -> None:
+        """Set a preset up from its settings (the paper's, with the user's over them). A preset with options that
+        are not engine arguments takes them out here, keyword-only and typed in its override's signature, checks
+        and keeps them, and passes the rest on."""
+        GradientMatchingAttack.__init__(self, **settings)
 
     def batch_settings(self, batch_size: int, *, images: bool = True) -> BatchSettings:
         """The total-variation weight, early-stop threshold and iteration budget used when each (simulated) gradient

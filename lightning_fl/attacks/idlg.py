@@ -10,10 +10,9 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from lightning_fl.attacks.gradient_matching import Auto, GradientMatchingAttack, InitName
-from lightning_fl.attacks.labels import LabelStrategy, infer_labels
+from lightning_fl.attacks.dlg import DLGAttack
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
+from lightning_fl.attacks.labels import infer_labels
 
 __all__ = ["IDLGAttack", "infer_labels"]
 
@@ -57,37 +56,4 @@ class IDLGAttack(GradientMatchingAttack):
     """
 
     name = "idlg"
-
-    def __init__(
-        self,
-        *,
-        max_iterations: int | Auto = "auto",
-        lr: float = 1.0,
-        restarts: int = 4,
-        label_strategy: LabelStrategy = "bias_count",
-        init: InitName = "rand",
-        layers: Sequence[str] | None = None,
-        stop_below: float | Auto | None = "auto",
-        keep_best_after: int | None = 100,
-        recover_stalled: bool = True,
-        tv_weight: float | Auto = "auto",
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            distance="euclidean",
-            optimizer="lbfgs",
-            lr=lr,
-            max_iterations=max_iterations,
-            restarts=restarts,
-            labels="infer",
-            label_strategy=label_strategy,
-            init=init,
-            layers=layers,
-            stop_below=stop_below,
-            keep_best_after=keep_best_after,
-            recover_stalled=recover_stalled,
-            tv_weight=tv_weight,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+    preset = DLGAttack.preset.derive(pinned={"labels": "infer"})

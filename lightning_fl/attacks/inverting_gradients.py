@@ -12,11 +12,8 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from lightning_fl.attacks.batch_norm import BatchNormStatisticsName
-from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, InitName
-from lightning_fl.attacks.labels import LabelStrategy
+from lightning_fl.attacks.gradient_matching import GradientMatchingAttack
+from lightning_fl.presets import Preset
 
 __all__ = ["InvertingGradientsAttack"]
 
@@ -62,41 +59,22 @@ class InvertingGradientsAttack(GradientMatchingAttack):
     """
 
     name = "inverting_gradients"
-
-    def __init__(
-        self,
-        *,
-        max_iterations: int = 4800,
-        lr: float = 0.1,
-        restarts: int = 4,
-        tv_weight: float = 1e-4,
-        label_strategy: LabelStrategy = "bias_count",
-        init: InitName = "randn",
-        signed: bool = True,
-        boxed: bool = True,
-        lr_decay: bool = True,
-        layers: Sequence[str] | None = None,
-        bn_statistics: BatchNormStatisticsName = "none",
-        bn_weight: float = 0.0,
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            distance="cosine",
-            optimizer="adam",
-            lr=lr,
-            max_iterations=max_iterations,
-            restarts=restarts,
-            labels="infer",
-            label_strategy=label_strategy,
-            init=init,
-            tv_weight=tv_weight,
-            signed=signed,
-            boxed=boxed,
-            lr_decay=lr_decay,
-            layers=layers,
-            bn_statistics=bn_statistics,
-            bn_weight=bn_weight,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+    preset = Preset(
+        pinned={"distance": "cosine", "optimizer": "adam", "labels": "infer"},
+        defaults={
+            "max_iterations": 4800,
+            "lr": 0.1,
+            "restarts": 4,
+            "tv_weight": 1e-4,
+            "label_strategy": "bias_count",
+            "init": "randn",
+            "signed": True,
+            "boxed": True,
+            "lr_decay": True,
+            "layers": None,
+            "bn_statistics": "none",
+            "bn_weight": 0.0,
+            "progress_bar": True,
+            "seed": 0,
+        },
+    )

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import vmap
 
 from lightning_fl.attacks.gradient_matching import GradientMatchingAttack, MatchingProblem
-from lightning_fl.attacks.labels import LabelStrategy
 from lightning_fl.messages import ServerView
+from lightning_fl.presets import Preset
 
 __all__ = ["SeeThroughGradientsAttack"]
 
@@ -73,46 +74,41 @@ class SeeThroughGradientsAttack(GradientMatchingAttack):
     """
 
     name = "see_through_gradients"
+    preset = Preset(
+        pinned={
+            "distance": "euclidean",
+            "optimizer": "adam",
+            "labels": "infer",
+            "init": "randn",
+            "boxed": True,
+            "lr_decay": True,
+            "bn_statistics": "running",
+        },
+        defaults={
+            "max_iterations": 2000,
+            "lr": 0.1,
+            "restarts": 4,
+            "bn_weight": 0.1,
+            "group_weight": 0.01,
+            "l2_weight": 1e-6,
+            "tv_weight": 1e-4,
+            "label_strategy": "yin",
+            "progress_bar": True,
+            "seed": 0,
+        },
+    )
 
-    def __init__(
-        self,
-        *,
-        max_iterations: int = 2000,
-        lr: float = 0.1,
-        restarts: int = 4,
-        bn_weight: float = 0.1,
-        group_weight: float = 0.01,
-        l2_weight: float = 1e-6,
-        tv_weight: float = 1e-4,
-        label_strategy: LabelStrategy = "yin",
-        progress_bar: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def _configure(self, *, group_weight: float, l2_weight: float, **settings: Any) -> None:
+        """Check and keep :math:`\\alpha_{group}` and :math:`\\alpha_{\\ell_2}`; the rest goes to the engine."""
         for field, value in {"group_weight": group_weight, "l2_weight": l2_weight}.items():
             if value < 0:
                 raise ValueError(f"SeeThroughGradientsAttack({field}={value}) must be >= 0.")
-        if group_weight > 0 and restarts < 2:
+        if group_weight > 0 and settings["restarts"] < 2:
             raise ValueError(
                 f"SeeThroughGradientsAttack(group_weight={group_weight}) needs restarts >= 2 (a group); "
-                f"got restarts={restarts}."
+                f"got restarts={settings['restarts']}."
             )
-        super().__init__(
-            distance="euclidean",
-            optimizer="adam",
-            lr=lr,
-            max_iterations=max_iterations,
-            restarts=restarts,
-            labels="infer",
-            label_strategy=label_strategy,
-            init="randn",
-            tv_weight=tv_weight,
-            boxed=True,
-            lr_decay=True,
-            bn_statistics="running",
-            bn_weight=bn_weight,
-            progress_bar=progress_bar,
-            seed=seed,
-        )
+        super()._configure(**settings)
         self.group_weight, self.l2_weight = group_weight, l2_weight
 
     def problem(self, view: ServerView) -> MatchingProblem:

@@ -109,7 +109,7 @@ def _leakage(*args: Any, **kwargs: Any) -> Any:
 
 def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
     """The cell's attack, named after its bench key so that two settings of one attack class stay apart."""
-    from lightning_fl.bench.grid import build, load_class
+    from lightning_fl.config import build, load_class
 
     attack_type = load_class(spec["attack"]["class_path"])
     accepted = inspect.signature(attack_type).parameters

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_fl.bench.grid import build, load_class, read_mapping
+from lightning_fl.bench.grid import read_mapping
+from lightning_fl.config import build, load_class
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import inspect
 import json
 from collections.abc import Mapping, Sequence
@@ -23,17 +22,17 @@ from typing import Any
 
 import yaml
 
+from lightning_fl.config import load_class
+
 __all__ = [
     "SELECTABLE",
     "Cell",
     "Utility",
     "applies",
     "apply_only",
-    "build",
     "cells",
     "changes_run",
     "fixed_batches",
-    "load_class",
     "load_settings",
     "read_mapping",
     "select",
@@ -326,29 +325,3 @@ def cells(settings: Mapping[str, Any]) -> list[Cell]:
 def fingerprint(spec: Mapping[str, Any]) -> str:
     """A short hash of a run's spec: a finished run is re-run only when its settings changed."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def load_class(class_path: str) -> type:
-    """The class named by a dotted ``class_path``.
-
-    Raises:
-        ValueError: naming the class path when its module or class does not exist.
-    """
-    module, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(
-            f"class_path {class_path!r} cannot be imported ({type(err).__name__}); fix the path."
-        ) from None
-
-
-def build(value: Any) -> Any:
-    """Instantiate ``class_path``/``init_args`` mappings, recursively (lists and nested arguments too)."""
-    if isinstance(value, list):
-        return [build(v) for v in value]
-    if isinstance(value, Mapping) and "class_path" in value:
-        return load_class(value["class_path"])(**{k: build(v) for k, v in (value.get("init_args") or {}).items()})
-    if isinstance(value, Mapping):
-        return {k: build(v) for k, v in value.items()}
-    return value

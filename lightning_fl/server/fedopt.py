@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.presets import Preset
 from lightning_fl.server.aggregation import Aggregator, weighted_average
 
 if TYPE_CHECKING:
@@ -124,7 +125,17 @@ class _AdaptiveServerOptimizer(ServerOptimizer):
 
     Inferred: :math:`v_{-1}` = ``initial_accumulator`` (0 by default, as Flower; Alg. 2 asks
     :math:`v_{-1} \ge \tau^2`, which only matters while :math:`\Delta_t^2` is of the order of :math:`\tau^2`).
+
+    A subclass is the rule :meth:`second_moment` and a :class:`~lightning_fl.presets.Preset` of this constructor's
+    arguments (its defaults); its ``__init__`` is made from that declaration.
     """
+
+    preset: ClassVar[Preset | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("preset") is not None:
+            cls.__init__ = cls.preset.constructor(_AdaptiveServerOptimizer.__init__, owner=cls)
 
     def __init__(
         self, *, eta: float, beta_1: float, beta_2: float, tau: float, initial_accumulator: float, weighted: bool
@@ -171,18 +182,10 @@ class FedAdagrad(_AdaptiveServerOptimizer):
         {'w': tensor([0.1000])}
     """
 
-    def __init__(
-        self,
-        *,
-        eta: float = 0.1,
-        beta_1: float = 0.0,
-        tau: float = 1e-9,
-        initial_accumulator: float = 0.0,
-        weighted: bool = True,
-    ) -> None:
-        super().__init__(
-            eta=eta, beta_1=beta_1, beta_2=0.0, tau=tau, initial_accumulator=initial_accumulator, weighted=weighted
-        )
+    preset = Preset(
+        pinned={"beta_2": 0.0},
+        defaults={"eta": 0.1, "beta_1": 0.0, "tau": 1e-9, "initial_accumulator": 0.0, "weighted": True},
+    )
 
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
@@ -209,19 +212,9 @@ class FedAdam(_AdaptiveServerOptimizer):
         {'w': tensor([0.1000])}
     """
 
-    def __init__(
-        self,
-        *,
-        eta: float = 0.1,
-        beta_1: float = 0.9,
-        beta_2: float = 0.99,
-        tau: float = 1e-9,
-        initial_accumulator: float = 0.0,
-        weighted: bool = True,
-    ) -> None:
-        super().__init__(
-            eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau, initial_accumulator=initial_accumulator, weighted=weighted
-        )
+    preset = Preset(
+        defaults={"eta": 0.1, "beta_1": 0.9, "beta_2": 0.99, "tau": 1e-9, "initial_accumulator": 0.0, "weighted": True}
+    )
 
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
@@ -247,19 +240,7 @@ class FedYogi(_AdaptiveServerOptimizer):
         {'w': tensor([0.0100])}
     """
 
-    def __init__(
-        self,
-        *,
-        eta: float = 0.01,
-        beta_1: float = 0.9,
-        beta_2: float = 0.99,
-        tau: float = 1e-3,
-        initial_accumulator: float = 0.0,
-        weighted: bool = True,
-    ) -> None:
-        super().__init__(
-            eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau, initial_accumulator=initial_accumulator, weighted=weighted
-        )
+    preset = FedAdam.preset.derive(defaults={"eta": 0.01, "tau": 1e-3})
 
     @override
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from pathlib import Path
@@ -9,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
+from jsonargparse import ArgumentParser
 
 from lightning_fl import ClientUpdate, FedAdagrad, FedAdam, FedAvgM, FedYogi
 from lightning_fl.cli import main
+from lightning_fl.config import build
 from lightning_fl.server.fedopt import ServerOptimizer
 
 SHAPES = {"conv.weight": (3, 2), "fc.bias": (4,)}
@@ -88,6 +92,36 @@ def test_server_optimizer_resumes_from_its_state_dict() -> None:
 def test_server_optimizers_reject_bad_settings(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+PAPER_DEFAULTS = {
+    # Reddi et al. (ICLR 2021) Alg. 2 with the defaults each class's docstring gives (Flower's eta and tau)
+    FedAdagrad: ({"eta": 0.1, "beta_1": 0.0, "tau": 1e-9, "initial_accumulator": 0.0, "weighted": True}, 0.0),
+    FedAdam: (
+        {"eta": 0.1, "beta_1": 0.9, "beta_2": 0.99, "tau": 1e-9, "initial_accumulator": 0.0, "weighted": True},
+        0.99,
+    ),
+    FedYogi: (
+        {"eta": 0.01, "beta_1": 0.9, "beta_2": 0.99, "tau": 1e-3, "initial_accumulator": 0.0, "weighted": True},
+        0.99,
+    ),
+}
+
+
+@pytest.mark.parametrize("optimizer", list(PAPER_DEFAULTS), ids=lambda t: t.__name__)
+def test_adaptive_optimizer_defaults_are_alg2s_and_a_yaml_override_applies(optimizer: type) -> None:
+    defaults, beta_2 = PAPER_DEFAULTS[optimizer]
+    assert {name: p.default for name, p in inspect.signature(optimizer).parameters.items()} == defaults
+    assert optimizer().beta_2 == beta_2  # FedAdagrad has no beta_2 argument: Adagrad keeps no moving average
+    text = f"aggregator: {{class_path: lightning_fl.server.{optimizer.__name__}, init_args: {{tau: 0.5}}}}"
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--aggregator", type=ServerOptimizer)
+    for built in (
+        parser.instantiate_classes(parser.parse_string(text)).aggregator,
+        build(yaml.safe_load(text)["aggregator"]),
+    ):
+        assert type(built) is optimizer
+        assert {name: getattr(built, name) for name in defaults} == defaults | {"tau": 0.5}
 
 
 def test_server_optimizer_refuses_encrypted_updates() -> None:
