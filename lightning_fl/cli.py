@@ -24,6 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
+from lightning_fl.cli_lists import parse_with_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
@@ -178,7 +179,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     output_dir = Path(cfg.output_dir)
     check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
-    apply_defences(init.model, init.defences)
+    apply_defences(init.model, init.defences, data=init.data)
     check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
     check_model_takes_inputs(init.model, init.data.train_dataloader(init.run.client_id))
     lock = RunLock(output_dir)
@@ -233,7 +234,8 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
         from lightning_fl.federation.trainers import build_trainer, trainer_options
 
         init = _instantiate(parser, cfg)
-        apply_defences(init.model, init.defences)  # the defended model's public keys are what fit exported
+        # the defended model's public keys are what fit exported
+        apply_defences(init.model, init.defences, data=init.data)
         load_global_model(init.model, cfg.ckpt_path or Path(cfg.output_dir) / GLOBAL_MODEL_FILE)
         data = init.data
         if stage == "test":
@@ -336,7 +338,7 @@ def _main(args: list[str]) -> int:
         for path in _config_files(args):
             check_config_file(path)
         parser = build_parser()
-        cfg = parser.parse_args(args)
+        cfg = parse_with_list_entries(parser, args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:
         return interrupted(err)
