@@ -95,6 +95,11 @@ reproduce-attacks-2026:
 	  $(RUN) $(BIN)/python benchmarks/see_through_gradients.py && \
 	  $(RUN) $(BIN)/lightning-fl fit --config configs/see_through_gradients_resnet_digits.yaml \
 	    --output_dir $(OUT)/stg_resnet_digits && \
+	  $(RUN) $(BIN)/lightning-fl attack -c configs/see_through_gradients.yaml --output_dir $(OUT)/stg && \
+	  $(RUN) $(BIN)/lightning-fl attack -c configs/see_through_gradients.yaml --seed_everything 1 \
+	    --output_dir $(OUT)/stg_s1 && \
+	  $(RUN) $(BIN)/lightning-fl attack -c configs/see_through_gradients.yaml --seed_everything 1 \
+	    --run.bn_statistics_client null --output_dir $(OUT)/stg_s1_initial_bn && \
 	  for s in shipped pixel_units leaked_bn full; do \
 	    $(RUN) $(BIN)/python benchmarks/ig_relu_convnet.py --setting $$s --tiles 0 80 240 || exit 1; done && \
 	  for seed in 0 1 2; do \

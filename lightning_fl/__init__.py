@@ -9,76 +9,57 @@ from lightning_fl.cli_signals import exit_outside_the_run as _exit_outside_the_r
 
 _exit_outside_the_run()  # the command's exit codes hold from its first line
 
-from lightning_fl.attacks import *  # noqa: F403
-from lightning_fl.attacks import __all__ as _attacks
-from lightning_fl.bench import build_loop, fit_config_spec, run_bench, scratch_loop
-from lightning_fl.callbacks import *  # noqa: F403
-from lightning_fl.callbacks import __all__ as _callbacks
-from lightning_fl.contexts import (
-    ClientContext,
-    ClientSetupContext,
-    ClientState,
-    FederationSpec,
-    RoundContext,
-    SetupContext,
-    derive_seed,
-)
-from lightning_fl.datamodules import *  # noqa: F403
-from lightning_fl.datamodules import __all__ as _datamodules
-from lightning_fl.defences import *  # noqa: F403
-from lightning_fl.defences import __all__ as _defences
-from lightning_fl.federation.export import load_global_model, save_global_model
-from lightning_fl.federation.failures import ClientFailure, ServerSideError
-from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.view import FederationView
-from lightning_fl.flower import FlowerFederation
-from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
-from lightning_fl.models import *  # noqa: F403
-from lightning_fl.models import __all__ as _models
-from lightning_fl.privacy import *  # noqa: F403
-from lightning_fl.privacy import __all__ as _privacy
-from lightning_fl.private import mark_private, private_state, public_state
-from lightning_fl.server import *  # noqa: F403
-from lightning_fl.server import __all__ as _server
-from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+import importlib
+from typing import Any
+
+_NAMED = {
+    "build_loop": "lightning_fl.bench",
+    "fit_config_spec": "lightning_fl.bench",
+    "run_bench": "lightning_fl.bench",
+    "scratch_loop": "lightning_fl.bench",
+    **dict.fromkeys(
+        ["ClientContext", "ClientSetupContext", "ClientState", "FederationSpec", "RoundContext", "SetupContext"],
+        "lightning_fl.contexts",
+    ),
+    "derive_seed": "lightning_fl.contexts",
+    "load_global_model": "lightning_fl.federation.export",
+    "save_global_model": "lightning_fl.federation.export",
+    "ClientFailure": "lightning_fl.federation.failures",
+    "ServerSideError": "lightning_fl.federation.failures",
+    "FederatedLoop": "lightning_fl.federation.loop",
+    "FederationView": "lightning_fl.federation.view",
+    "FlowerFederation": "lightning_fl.flower",
+    **dict.fromkeys(["LEAK_POINTS", "ClientUpdate", "GroundTruth", "LeakPoint", "ServerView"], "lightning_fl.messages"),
+    **dict.fromkeys(["mark_private", "private_state", "public_state"], "lightning_fl.private"),
+    **dict.fromkeys(["BroadcastTransform", "ClientTransform", "ServerTransform"], "lightning_fl.transforms"),
+}
+"""Public names defined outside the subpackages below, and the module that defines each."""
+
+_SUBPACKAGES = ("attacks", "callbacks", "datamodules", "defences", "models", "privacy", "server")
+"""Subpackages whose whole ``__all__`` the package re-exports."""
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LEAK_POINTS",
-    "BroadcastTransform",
-    "ClientContext",
-    "ClientFailure",
-    "ClientSetupContext",
-    "ClientState",
-    "ClientTransform",
-    "ClientUpdate",
-    "FederatedLoop",
-    "FederationSpec",
-    "FederationView",
-    "FlowerFederation",
-    "GroundTruth",
-    "LeakPoint",
-    "RoundContext",
-    "ServerSideError",
-    "ServerTransform",
-    "ServerView",
-    "SetupContext",
-    "derive_seed",
-    "load_global_model",
-    "mark_private",
-    "private_state",
-    "public_state",
-    "build_loop",
-    "fit_config_spec",
-    "run_bench",
-    "save_global_model",
-    "scratch_loop",
-    *_attacks,
-    *_callbacks,
-    *_datamodules,
-    *_defences,
-    *_models,
-    *_privacy,
-    *_server,
-]
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (PEP 562), so that ``lightning-fl --help`` and ``--version`` need neither
+    torch nor Lightning; ``from lightning_fl import FederatedLoop`` reads as before."""
+    if name == "__all__":
+        names = [*_NAMED, *(n for p in _SUBPACKAGES for n in importlib.import_module(f"lightning_fl.{p}").__all__)]
+        globals()["__all__"] = names
+        return names
+    module = _NAMED.get(name)
+    if module is None:
+        module = next(
+            (f"lightning_fl.{p}" for p in _SUBPACKAGES if name in importlib.import_module(f"lightning_fl.{p}").__all__),
+            None,
+        )
+    if module is None:
+        raise AttributeError(f"module 'lightning_fl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})

@@ -37,7 +37,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,6 +151,15 @@ class ImprintBlock(nn.Module):
         return x + back.view(-1, *[1] * (x.dim() - 1))
 
 
+def _held_out_batches(data: Any) -> Iterator[tuple[Tensor, Any]]:
+    """The batches of ``data``'s test split, or of every client's training data when it has none."""
+    if len(data.test_dataloader()) > 0:
+        yield from data.test_dataloader()
+        return
+    for client in range(data.num_clients):
+        yield from data.train_dataloader(client)
+
+
 def _imprint_inputs(model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Forward pre-hook: the model's first argument goes through its imprint block first."""
     return (getattr(model, IMPRINT_NAME)(args[0]), *args[1:])
@@ -192,8 +201,10 @@ class MaliciousImprint(Defence):
         num_bins: :math:`k`; choose it well above the number of inputs behind one update (the paper uses
             :math:`k \ge B`): an input is recovered exactly when it is alone in its bin.
         feature: what the bins measure (see :data:`ImprintFeature`).
-        feature_mean: :math:`\mu` of :math:`h(x)` the server assumes (public statistics).
-        feature_std: :math:`\sigma` of :math:`h(x)`.
+        feature_mean: :math:`\mu` of :math:`h(x)` the server assumes (public statistics); ``None`` (with
+            ``feature_std``): measured on the run's held-out data by :meth:`use_data`, which the loop and the command
+            call before :meth:`apply_to_model` (the test split; the training data when there is none).
+        feature_std: :math:`\sigma` of :math:`h(x)`; ``None``: measured with ``feature_mean``.
         output_scale: :math:`s`, the block's effect on the model's input (see :class:`ImprintBlock`).
         gain: :math:`g`; the gradients the block leaks grow as :math:`1/g` (see :class:`ImprintBlock`).
         input_shape: shape of one model input ``(C, H, W)``; ``None`` reads ``model.hparams`` (``in_channels``,
@@ -201,8 +212,9 @@ class MaliciousImprint(Defence):
         seed: seed of the ``random`` direction.
 
     Raises:
-        ValueError: on ``num_bins < 2``, ``feature_std <= 0``, an unknown feature, or (in ``apply_to_model``) a
-            model whose input shape cannot be read and no ``input_shape``.
+        ValueError: on ``num_bins < 2``, ``feature_std <= 0``, only one of ``feature_mean``/``feature_std``, an
+            unknown feature, or (in ``apply_to_model``) a model whose input shape cannot be read and no
+            ``input_shape``, or statistics neither given nor measured.
     """
 
     def __init__(
@@ -210,14 +222,19 @@ class MaliciousImprint(Defence):
         *,
         num_bins: int = 256,
         feature: ImprintFeature = "brightness",
-        feature_mean: float,
-        feature_std: float,
+        feature_mean: float | None = None,
+        feature_std: float | None = None,
         output_scale: float = 1.0,
         gain: float = 1.0,
         input_shape: Sequence[int] | None = None,
         seed: int = 0,
     ) -> None:
-        gaussian_bin_thresholds(num_bins, mean=feature_mean, std=feature_std)  # validates
+        if (feature_mean is None) != (feature_std is None):
+            raise ValueError(
+                f"MaliciousImprint(feature_mean={feature_mean}, feature_std={feature_std}): give both, or neither "
+                "to measure them on the run's data."
+            )
+        gaussian_bin_thresholds(num_bins, mean=feature_mean or 0.0, std=1.0 if feature_std is None else feature_std)
         _direction(feature, 1, seed)
         if not gain > 0:
             raise ValueError(f"MaliciousImprint(gain={gain}) must be > 0.")
@@ -237,7 +254,24 @@ class MaliciousImprint(Defence):
             "image_size); pass input_shape: [C, H, W]."
         )
 
+    def use_data(self, data: Any) -> None:
+        """Measure ``feature_mean``/``feature_std`` of :math:`h(x)` on ``data``'s test split (its training data
+        when the test split is empty) if they were not given; given ones are kept."""
+        if self.feature_mean is not None:
+            return
+        images = [x for x, _ in _held_out_batches(data)]
+        if not images:
+            raise ValueError("MaliciousImprint: the data has no images to measure feature_mean/feature_std on.")
+        flat = torch.cat(images).flatten(1).float()
+        values = flat @ _direction(self.feature, flat.shape[1], self.seed)
+        self.feature_mean, self.feature_std = float(values.mean()), float(values.std().clamp_min(1e-6))
+
     def apply_to_model(self, model: nn.Module) -> nn.Module:
+        if self.feature_mean is None or self.feature_std is None:
+            raise ValueError(
+                "MaliciousImprint has no feature_mean/feature_std: give both, or call use_data(data) first (the loop "
+                "and the lightning-fl command do)."
+            )
         if hasattr(model, IMPRINT_NAME):
             raise ValueError(f"{type(model).__name__} already has an attribute {IMPRINT_NAME!r}.")
         self.block = ImprintBlock(

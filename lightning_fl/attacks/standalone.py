@@ -35,6 +35,7 @@ __all__ = [
     "check_attack_run",
     "client_view",
     "run_attack",
+    "set_running_statistics",
     "view_on",
 ]
 
@@ -145,6 +146,10 @@ class AttackRun:
         batches: how many disjoint batches of the client are attacked, one after another (each its own gradient or
             update); the summary then holds one entry per batch and their ``totals``.
         success_ssim: an image counts as recovered (``totals["share_recovered"]``) at this SSIM or above.
+        bn_statistics_client: a client whose training images set the BatchNorm running statistics of the attacked
+            model first (their cumulative average, as a model that trained on them holds): the broadcast model of
+            See-Through-Gradients' threat model (Yin et al., CVPR 2021, Sec. 3.2), whose statistics come from other
+            clients' data; ``None`` attacks the model as it is (at initialisation: mean 0, variance 1).
         device: where the attack runs, e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``: the server's copy of the model
             and the intercepted tensors are moved there (the client's computation stays on the CPU); scoring and
             the image grid use the CPU. Random starts are drawn on the CPU, so a seed gives the same start anywhere.
@@ -167,6 +172,7 @@ class AttackRun:
     local_lr: float = 0.01
     batches: int = 1
     success_ssim: float = 0.5
+    bn_statistics_client: int | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -203,6 +209,12 @@ def check_attack_run(
             f"run.client_id={client_id} is not a client: data.num_clients={data.num_clients} gives clients "
             f"0..{data.num_clients - 1}."
         )
+    statistics = run.bn_statistics_client
+    if statistics is not None and not 0 <= statistics < data.num_clients:
+        raise ValueError(
+            f"run.bn_statistics_client={statistics} is not a client: data.num_clients={data.num_clients} gives "
+            f"clients 0..{data.num_clients - 1}."
+        )
     images = len(data.client_train_set(client_id))
     if run.batch_size * run.local_steps * run.batches > images:
         raise ValueError(
@@ -230,6 +242,32 @@ def _batch(client_set: Dataset, chosen: Tensor) -> tuple[Tensor, Tensor, tuple[s
     samples = [client_set[int(i)] for i in chosen]
     images = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x, _ in samples])
     return images, torch.as_tensor([int(y) for _, y in samples], dtype=torch.long), None
+
+
+def set_running_statistics(model: nn.Module, images: Dataset, *, batch_size: int = 64) -> None:
+    """Set every BatchNorm layer's running mean and variance of ``model`` to the cumulative average over the images
+    of ``images`` (an ``(x, y)`` dataset), leaving the parameters and the module's mode as they were.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+        >>> set_running_statistics(net, [(torch.ones(1, 4, 4), 0)])
+        >>> net[1].num_batches_tracked.item(), net.training
+        (1, True)
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    training = model.training
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # cumulative average
+    loader = torch.utils.data.DataLoader(images, batch_size=batch_size)
+    with torch.no_grad():
+        model.train()
+        for x, _ in loader:
+            model(x)
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    model.train(training)
 
 
 def run_attack(
@@ -262,6 +300,8 @@ def run_attack(
         ValueError: see :func:`check_attack_run`.
     """
     check_attack_run(attack, data=data, model=model, run=run)
+    if run.bn_statistics_client is not None:
+        set_running_statistics(model, data.client_train_set(run.bn_statistics_client))
     client_set = data.client_train_set(run.client_id)
     drawn = torch.randperm(len(client_set), generator=torch.Generator().manual_seed(seed))
     per_batch = run.batch_size * run.local_steps

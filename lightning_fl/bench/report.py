@@ -509,15 +509,26 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str =
 
 
 def log_to_wandb(
-    rows: Sequence[Mapping[str, Any]], pictures: Sequence[Path], *, project: str, output_dir: Path
+    rows: Sequence[Mapping[str, Any]],
+    pictures: Sequence[Path],
+    *,
+    project: str,
+    output_dir: Path,
+    config: Mapping[str, Any] | None = None,
 ) -> None:
-    """The table as a W&B Table and the two PNGs as images, in one (offline by default) W&B run."""
+    """The table as a W&B Table and the two PNGs as images, in one (offline by default) W&B run whose
+    ``wandb.config`` holds ``config`` (the bench's settings; values W&B cannot store are written as text)."""
+    import json
     import os
 
     import wandb
 
     run = wandb.init(
-        project=project, dir=str(output_dir), mode=os.environ.get("WANDB_MODE", "offline"), job_type="bench"
+        project=project,
+        dir=str(output_dir),
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        job_type="bench",
+        config=json.loads(json.dumps(dict(config or {}), default=str)),
     )
     run.log(
         {

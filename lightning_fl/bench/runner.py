@@ -258,7 +258,8 @@ def run_bench(
     report.write_csv(rows, output_dir / "bench.csv")
     report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound, title=title)
     if wandb_project is not None:
-        report.log_to_wandb(rows, pictures, project=wandb_project, output_dir=output_dir)
+        config = {**settings, "jobs": jobs, "command": command}
+        report.log_to_wandb(rows, pictures, project=wandb_project, output_dir=output_dir, config=config)
     print_(
         f"bench: wall {time.perf_counter() - started:.0f} s (the grid and the report); CPU {_cpu_seconds():.0f} s "
         f"(user + system of the whole command and its workers); load average {os.getloadavg()[0]:.1f}; "

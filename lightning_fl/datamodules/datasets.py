@@ -14,14 +14,19 @@ split, so a folder of one's own few images can be attacked as it is).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 __all__ = ["OFFLINE_DATASETS", "PHOTO_SOURCES", "TORCHVISION_DATASETS", "ImageTensorDataset", "load_dataset"]
 
@@ -215,7 +220,7 @@ def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
             f"data.dataset={path!r} is neither a known dataset ({', '.join(OFFLINE_DATASETS + TORCHVISION_DATASETS)}) "
             "nor an existing ImageFolder directory; fix the name or the path."
         )
-    ds = datasets.ImageFolder(path, transform=transforms.PILToTensor())
+    ds = datasets.ImageFolder(path, transform=transforms.PILToTensor(), loader=_native_loader)
     if len(ds) == 0:
         raise ValueError(f"data.dataset={path!r} holds no images in class sub-folders (ImageFolder layout).")
     if len(ds.classes) < 2:
@@ -223,12 +228,36 @@ def _image_folder(path: str) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
             f"data.dataset={path!r} has one class sub-folder ({ds.classes[0]!r}); a classifier needs at least 2: "
             "put each class's images in its own sub-folder."
         )
-    sizes = {tuple(_read(ds, i, path).shape) for i in range(min(len(ds), 64))}
+    sizes = {tuple(_read(ds, i, path).shape[1:]) for i in range(min(len(ds), 64))}
     if len(sizes) > 1:
         resize = transforms.Compose([transforms.Resize((64, 64)), transforms.PILToTensor()])
-        ds = datasets.ImageFolder(path, transform=resize)
-    images = torch.stack([_read(ds, i, path) for i in range(len(ds))])
-    return images, torch.tensor(ds.targets).long(), len(ds.classes), tuple(p for p, _ in ds.samples)
+        ds = datasets.ImageFolder(path, transform=resize, loader=_native_loader)
+    images = _same_channels([_read(ds, i, path) for i in range(len(ds))], path)
+    return torch.stack(images), torch.tensor(ds.targets).long(), len(ds.classes), tuple(p for p, _ in ds.samples)
+
+
+def _native_loader(file: str) -> Image:
+    """An image file in its own channel count: grayscale modes as one channel ``L``, everything else as ``RGB``
+    (torchvision's default loader turns every image into RGB, so a grayscale folder read as 3 equal channels)."""
+    from PIL import Image
+
+    with open(file, "rb") as handle:
+        image = Image.open(handle)
+        return image.convert("L" if image.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB")
+
+
+def _same_channels(images: list[Tensor], path: str) -> list[Tensor]:
+    """The images of one folder with one channel count: all grayscale stay 1 channel; a folder mixing grayscale and
+    colour files gives 3, and a warning says how many grayscale files were repeated into 3 equal channels."""
+    gray = sum(image.shape[0] == 1 for image in images)
+    if gray in (0, len(images)):
+        return images
+    warnings.warn(
+        f"data.dataset={path!r} mixes {gray} grayscale and {len(images) - gray} colour images: the grayscale ones "
+        "are read as 3 equal channels (set data.channels: 1 to read every image as grayscale).",
+        stacklevel=3,
+    )
+    return [image.expand(3, -1, -1) if image.shape[0] == 1 else image for image in images]
 
 
 def load_dataset(

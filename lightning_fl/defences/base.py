@@ -69,6 +69,11 @@ class Defence:
         """Change ``model`` in place (add private layers, passports, key-locks) and return it. Default: no change."""
         return model
 
+    def use_data(self, data: Any) -> None:
+        """Read the settings this defence takes from the run's data when they were not given (the data's
+        statistics); :func:`apply_defences` calls it with its ``data`` before :meth:`apply_to_model`, as the loop and
+        the command do. Default: nothing."""
+
     def parts(self) -> DefenceParts:
         """The callbacks, transforms, aggregator and selector this defence adds to a federated run."""
         return DefenceParts()
@@ -78,8 +83,11 @@ class Defence:
         every defence's layers in place); called when the run is built, before any training. Default: any model."""
 
 
-def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
+def apply_defences(model: nn.Module, defences: Sequence[Defence], *, data: Any = None) -> nn.Module:
     """Apply the model layers of ``defences`` to ``model`` by :attr:`Defence.model_stage`; returns the same model.
+
+    With ``data`` (the run's data module), each defence first reads what it takes from the data
+    (:meth:`Defence.use_data`).
 
     The stage, not the list order, decides (the sort is stable): ``[Passports(), KeyLocks()]`` and
     ``[KeyLocks(), Passports()]`` both give a passport convolution followed by a key-locked normalisation. For a
@@ -98,6 +106,9 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence]) -> nn.Module:
         'KeyLockNorm2d'
     """
     _check_bundles(defences)
+    if data is not None:
+        for defence in defences:
+            defence.use_data(data)
     applied = model.__dict__.setdefault("_fl_applied_defences", [])  # a second loop on the same model: no re-apply
     for defence in sorted(defences, key=lambda d: d.model_stage):
         if id(defence) in applied:
@@ -130,14 +141,15 @@ def _check_bundles(defences: Sequence[Defence]) -> None:
 
 
 def collect_parts(
-    defences: Sequence[Defence], *, model: nn.Module, aggregator: Any = None, selector: Any = None
+    defences: Sequence[Defence], *, model: nn.Module, data: Any = None, aggregator: Any = None, selector: Any = None
 ) -> DefenceParts:
-    """Apply ``defences`` to ``model`` and merge their parts; the loop's own aggregator/selector conflict raises.
+    """Apply ``defences`` to ``model`` (reading ``data``, see :func:`apply_defences`) and merge their parts; the
+    loop's own aggregator/selector conflict raises.
 
     Raises:
         ValueError: if two sources set the aggregator (or the selector).
     """
-    apply_defences(model, defences)
+    apply_defences(model, defences, data=data)
     merged = DefenceParts(aggregator=aggregator, selector=selector)
     for defence in defences:
         parts = defence.parts()

@@ -163,7 +163,7 @@ class FederatedLoop:
         build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
         build.update(local_steps=local_steps, min_clients=min_clients)
         FederationSpec.check(datamodule.num_clients, **build)
-        parts = collect_parts(defences, model=model, aggregator=aggregator, selector=selector)
+        parts = collect_parts(defences, model=model, data=datamodule, aggregator=aggregator, selector=selector)
         self.defences = list(defences)
         self.spec = FederationSpec.build(model, datamodule, seed=seed, **build)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round

@@ -11,7 +11,7 @@ import itertools
 
 from torch import Tensor, nn
 
-__all__ = ["ConvNet"]
+__all__ = ["ConvNet", "conv_bn_small"]
 
 
 class ConvNet(nn.Module):
@@ -50,3 +50,26 @@ class ConvNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x).flatten(1))
+
+
+def conv_bn_small(in_channels: int = 1, num_classes: int = 10, image_size: int = 16) -> nn.Sequential:
+    """Two 3x3 convolution-BatchNorm-ReLU layers of 16 channels (the second with stride 2) and a linear classifier:
+    the small BatchNorm network on which See-Through-Gradients (Yin et al., CVPR 2021) is run at CPU budgets
+    (``configs/see_through_gradients.yaml``).
+
+    Example:
+        >>> import torch
+        >>> conv_bn_small(1, 10, 16)(torch.zeros(2, 1, 16, 16)).shape
+        torch.Size([2, 10])
+    """
+    side = (image_size + 1) // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, stride=2),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * side * side, num_classes),
+    )

@@ -14,7 +14,7 @@ from lightning_fl.attacks.metrics import match_reconstructions, psnr
 from lightning_fl.attacks.standalone import client_view
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.models import ImageClassifier
+from lightning_fl.models import ImageClassifier, conv_bn_small
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -62,17 +62,7 @@ def _held_out_view(batch: int) -> tuple:
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16, val_fraction=0.0)
     dm.setup()
     torch.manual_seed(0)
-    net = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1),
-        nn.BatchNorm2d(16),
-        nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1, stride=2),
-        nn.BatchNorm2d(16),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(16 * 8 * 8, 10),
-    )
-    model = ImageClassifier(net, **dm.model_options)
+    model = ImageClassifier(conv_bn_small(1, 10, 16), **dm.model_options)
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
             module.momentum = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from torchvision.utils import save_image
 
@@ -27,3 +29,36 @@ def test_a_folder_with_one_image_per_class_is_all_training_data(tmp_path: Path) 
     dm = FederatedDataModule(str(tmp_path), num_clients=1, partition="iid")
     assert dm.num_train_samples(0) == 3 and len(dm.test_set) == 0
     assert dm.client_train_set(0).sources[0].endswith("cat/cat.png")
+
+
+def _png_folder(root: Path, mode: str) -> Path:
+    """Two classes of two 12x12 PNGs each, saved in PIL ``mode`` (``"L"``: grayscale files, ``"RGB"``: colour)."""
+    from PIL import Image
+
+    for k, name in enumerate(["a", "b"]):
+        (root / name).mkdir(parents=True)
+        for i in range(2):
+            pixels = np.full((12, 12, 3), 40 * (2 * k + i + 1), dtype=np.uint8)
+            pixels[..., 1] //= 2  # colour files are not gray
+            Image.fromarray(pixels).convert(mode).save(root / name / f"{i}.png")
+    return root
+
+
+def test_a_grayscale_folder_keeps_one_channel_and_a_colour_folder_three(tmp_path: Path) -> None:
+    gray = load_dataset(str(_png_folder(tmp_path / "gray", "L")), train=True, image_size=None)
+    colour = load_dataset(str(_png_folder(tmp_path / "rgb", "RGB")), train=True, image_size=None)
+    assert gray.images.shape[1:] == (1, 12, 12) and colour.images.shape[1:] == (3, 12, 12)
+    dm = FederatedDataModule(str(tmp_path / "gray"), num_clients=1, partition="iid", image_size=None)
+    assert dm.model_options["in_channels"] == 1
+    forced = load_dataset(str(tmp_path / "gray"), train=True, image_size=None, channels=3)
+    assert forced.images.shape[1] == 3 and torch.equal(forced.images[:, 0], forced.images[:, 2])
+
+
+def test_a_folder_mixing_grayscale_and_colour_files_says_what_it_became(tmp_path: Path) -> None:
+    _png_folder(tmp_path, "RGB")
+    from PIL import Image
+
+    Image.open(tmp_path / "a" / "0.png").convert("L").save(tmp_path / "a" / "0.png")
+    with pytest.warns(UserWarning, match="mixes 1 grayscale and 3 colour images"):
+        mixed = load_dataset(str(tmp_path), train=True, image_size=None)
+    assert mixed.images.shape[1] == 3

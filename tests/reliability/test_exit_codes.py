@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from lightning_fl import cli
+from lightning_fl import cli_run as cli  # the subcommands run there (TRACEBACK_ENV, _quiet)
 from lightning_fl.cli import main
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.round import Round
