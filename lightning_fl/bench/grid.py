@@ -32,6 +32,8 @@ __all__ = [
     "build",
     "cells",
     "changes_run",
+    "expand_strengths",
+    "family",
     "fixed_batches",
     "load_class",
     "load_settings",
@@ -41,6 +43,9 @@ __all__ = [
     "utilities",
 ]
 
+_STRENGTH_KEYS = {"key", "values"}
+"""A defence's strength axis: ``key``, a dotted path into its entry (``defences.0.init_args.ratio``; a path
+starting ``init_args.`` is short for ``defences.0.init_args.``), and the ``values`` it takes, one defence each."""
 _REQUIRED = ("data", "model", "loop", "defences", "attacks", "threat_models", "seeds")
 _THREAT_MODEL_KEYS = {"leak_point", "trained", "max_images", "attack_rounds", "data", "model", "loop", "about"}
 _ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_defences", "model"}
@@ -72,13 +77,24 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
         [2]
     """
     known = settings[axis]
-    unknown = [k for k in keep if k not in known]
+    names = {k: [k] for k in known} if axis != "defences" else _by_family(known)
+    unknown = [k for k in keep if k not in known and k not in names]
     if unknown or not keep:
         raise ValueError(
-            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(known)}."
+            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(names)}."
         )
-    chosen = list(keep) if axis == "seeds" else {name: known[name] for name in keep}
-    return {**settings, axis: chosen}
+    if axis == "seeds":
+        return {**settings, axis: list(keep)}
+    chosen = [name for k in keep for name in (names.get(k) or [k])]  # a family keeps all its strengths
+    return {**settings, axis: {name: known[name] for name in chosen}}
+
+
+def _by_family(defences: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Defence names by family: a defence with a strength axis (expanded) is selected by its family's name too."""
+    families: dict[str, list[str]] = {}
+    for name, entry in defences.items():
+        families.setdefault((entry or {}).get("family", name), []).append(name)
+    return families
 
 
 def apply_only(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,7 +160,7 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     for axis in SELECTABLE:
         if not raw[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")
-    settings = apply_only(raw)
+    settings = expand_strengths(apply_only(raw))
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
         if unknown or not (threat or {}).get("leak_point"):
@@ -160,6 +176,87 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
         if unknown:
             raise ValueError(f"attacks.{name}.applies_to names {unknown}, not in defences: {sorted(raw['defences'])}.")
     return settings
+
+
+def _strength_label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _set_path(entry: dict[str, Any], path: str, value: Any, where: str) -> dict[str, Any]:
+    """A copy of ``entry`` with ``value`` at the dotted ``path`` (list indices as numbers; missing mappings made).
+
+    Raises:
+        ValueError: naming ``where`` when the path runs through a missing list item or a non-container.
+    """
+    entry = copy.deepcopy(entry)
+    parts = path.split(".")
+    if parts[0] == "init_args":
+        parts = ["defences", "0", *parts]
+    node: Any = entry
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            if last:
+                node[int(part)] = value
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            node = node.setdefault(part, {})
+        else:
+            raise ValueError(
+                f"{where}.key {path!r}: {'.'.join(parts[: i + 1])} is not in the entry; name a path through its "
+                "defences list (defences.0.init_args.ratio) or its model/loop settings."
+            )
+    return entry
+
+
+def expand_strengths(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with every defence that has a ``strength`` axis replaced by one defence per strength value.
+
+    The defence ``pruning: {defences: [...], strength: {key: init_args.ratio, values: [0.5, 0.9]}}`` becomes
+    ``pruning@0.5`` and ``pruning@0.9``, each its entry with the value at ``key`` (:data:`_STRENGTH_KEYS`), its
+    ``family`` (the name an attack's ``applies_to`` and the plots' curves use) and its ``strength`` (key, value).
+    Each is a defence of the grid as any other: its own utility run and attack runs. Expanded settings are left
+    as they are.
+
+    Raises:
+        ValueError: naming the defence whose ``strength`` is malformed.
+
+    Example:
+        >>> axis = {"key": "init_args.ratio", "values": [0.5, 0.9]}
+        >>> entry = {"defences": [{"class_path": "P", "init_args": {"ratio": 0.7}}], "strength": axis}
+        >>> grid = expand_strengths({"defences": {"p": entry}})["defences"]
+        >>> list(grid), grid["p@0.9"]["defences"][0]["init_args"], grid["p@0.9"]["family"]
+        (['p@0.5', 'p@0.9'], {'ratio': 0.9}, 'p')
+    """
+    defences: dict[str, Any] = {}
+    for name, entry in settings["defences"].items():
+        entry = entry or {}
+        axis = entry.get("strength")
+        if axis is None or "family" in entry:
+            defences[name] = entry
+            continue
+        where = f"defences.{name}.strength"
+        values = axis.get("values") if isinstance(axis, Mapping) else None
+        keys = set(axis) if isinstance(axis, Mapping) else set()
+        if keys != _STRENGTH_KEYS or not isinstance(values, list) or not values:
+            raise ValueError(
+                f"{where}: give {{key: <path in the entry, e.g. init_args.ratio>, values: [v1, v2, ...]}}, "
+                f"not {axis!r}."
+            )
+        base = {k: v for k, v in entry.items() if k != "strength"}
+        for value in values:
+            variant = _set_path(base, str(axis["key"]), value, where)
+            variant.update(family=name, strength={"key": str(axis["key"]), "value": value})
+            defences[f"{name}@{_strength_label(value)}"] = variant
+    return {**settings, "defences": defences}
+
+
+def family(settings: Mapping[str, Any], defence: str) -> str:
+    """The defence a strength variant belongs to (``pruning`` for ``pruning@0.5``); a defence without an axis is its
+    own family."""
+    return (settings["defences"].get(defence) or {}).get("family", defence)
 
 
 def _defence(settings: Mapping[str, Any], defence: str) -> dict[str, Any]:
@@ -302,7 +399,8 @@ def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model
     entry = settings["attacks"][attack]
     allowed = entry.get("applies_to")
     trained = threat_model is not None and bool((settings["threat_models"][threat_model] or {}).get("trained"))
-    return (allowed is None or defence in allowed) and not (trained and changes_run(entry))
+    named = allowed is None or defence in allowed or family(settings, defence) in allowed
+    return named and not (trained and changes_run(entry))
 
 
 def utilities(settings: Mapping[str, Any]) -> list[Utility]:

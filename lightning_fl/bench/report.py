@@ -21,6 +21,7 @@ __all__ = [
     "breaking_attacks",
     "log_to_wandb",
     "pareto_front",
+    "privacy_curves",
     "psnr_text",
     "rank_note",
     "summarise",
@@ -37,6 +38,8 @@ INTERVALS = ("psnr", "ssim", "lpips", "success_rate")
 """Scores given with a 95 % interval, bootstrapped over the attacked images of a row (all its seeds)."""
 COLUMNS = (
     "defence",
+    "family",
+    "strength",
     "attack",
     "threat_model",
     "leak_point",
@@ -53,7 +56,9 @@ COLUMNS = (
     "status",
 )
 """``bench.csv``: one row per (defence, attack, threat model). ``test_accuracy`` and ``epsilon``: mean and sample
-std over the defence's utility runs (the same in every row of a defence); ``utility_rounds`` is the fewest rounds one
+std over the defence's utility runs (the same in every row of a defence); ``family`` and ``strength``: the defence
+a strength variant belongs to and its value on the family's strength axis (``pruning@0.5``: ``pruning``, 0.5;
+empty without an axis, :func:`~lightning_fl.bench.grid.expand_strengths`); ``utility_rounds`` is the fewest rounds one
 of them completed. The scores of :data:`INTERVALS`: ``_mean`` over the row's attacked images (``images``, all seeds
 together) with ``_low``/``_high`` the 95 % bootstrap interval (:func:`~lightning_fl.attacks.metrics.bootstrap_interval`,
 2000 resamples, seed 0); ``psnr_mean`` is over the images whose PSNR is measured, ``psnr_capped`` counts those at
@@ -109,7 +114,11 @@ def _intervals(row: dict[str, Any], runs: Sequence[Mapping[str, Any]]) -> None:
         row[f"{metric}_mean"], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
 
 
-def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def summarise(
+    results: Sequence[Mapping[str, Any]],
+    utility: Mapping[str, Mapping[str, Any]],
+    defences: Mapping[str, Mapping[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
     """Group cell results over seeds: one row per (defence, attack, threat model), in first-seen order, with the
     utility (test accuracy, ε) of the defence's utility runs of the same seeds and the attack scores' means and
     intervals over the attacked images (:data:`COLUMNS`).
@@ -118,6 +127,7 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         results: attack cell entries (``defence``, ``attack``, ``threat_model``, ``seed``, scores, ``images``,
             ``status``).
         utility: utility run entries by key ``<defence>__s<seed>``.
+        defences: the grid's defence entries by name (expanded), for each row's ``family`` and ``strength``.
     """
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for r in results:
@@ -126,6 +136,9 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
     for (defence, attack, threat_model), runs in groups.items():
         trained = [utility.get(f"{defence}__s{r['seed']}", {"status": "missing"}) for r in runs]
         row: dict[str, Any] = {"defence": defence, "attack": attack, "threat_model": threat_model, "seeds": len(runs)}
+        entry = (defences or {}).get(defence) or {}
+        row["family"] = entry.get("family", defence)
+        row["strength"] = (entry.get("strength") or {}).get("value")
         row["leak_point"] = runs[0].get("leak_point")
         row["server"] = runs[0].get("server", "honest-but-curious")
         row["prior_only"] = any(r.get("prior_only") for r in runs)
@@ -257,15 +270,15 @@ def write_markdown(
     (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note`, with the
     command that made them."""
     lines = [f"Made by `{command}`" + (f" ({title})." if title else "."), ""]
-    lines += ["| defence | test acc. | ε | rounds |", "|---|---|---|---|"]
+    lines += ["| defence | strength | test acc. | ε | rounds |", "|---|---|---|---|---|"]
     for defence in dict.fromkeys(r["defence"] for r in rows):
         r = next(r for r in rows if r["defence"] == defence)
         lines.append(
-            f"| {defence} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
+            f"| {_family(r)} | {_strength(r)} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
             f"{r['utility_rounds'] if r['utility_rounds'] is not None else '–'} |"
         )
-    header = "| defence | attack | server | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact | success "
-    header += "| images | status |"
+    header = "| defence | attack | server | strength | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact "
+    header += "| success | images | status |"
     for threat_model in dict.fromkeys(r["threat_model"] for r in rows):
         chosen = [r for r in rows if r["threat_model"] == threat_model]
         lines += [
@@ -275,14 +288,16 @@ def write_markdown(
             rank_note(rows, threat_model),
             "",
             header,
-            "|" + "---|" * 13,
+            "|" + "---|" * 14,
         ]
         for r in chosen:
             values = [_cell(r, "test_accuracy", 3), _epsilon(r, epsilon_bound), psnr_text(r)]
             values += [_cell(r, v, d) for v, d in (("ssim", 3), ("lpips", 3), ("label_accuracy", 2))]
             values += [_cell(r, "exact", 2), _cell(r, "success_rate", 2), str(r.get("images", "–")), r["status"]]
             lines.append(
-                f"| {r['defence']} | {_attack_label(r, server=False)} | {r['server']} | " + " | ".join(values) + " |"
+                f"| {_family(r)} | {_attack_label(r, server=False)} | {r['server']} | {_strength(r)} | "
+                + " | ".join(values)
+                + " |"
             )
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
@@ -301,6 +316,17 @@ def write_markdown(
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _family(row: Mapping[str, Any]) -> str:
+    """The defence a row's strength variant belongs to (the row's defence when it has no strength axis)."""
+    return row.get("family") or row["defence"]
+
+
+def _strength(row: Mapping[str, Any]) -> str:
+    """A row's value on its defence's strength axis, "–" for a defence without one."""
+    value = row.get("strength")
+    return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _attack_label(row: Mapping[str, Any], *, server: bool = True) -> str:
@@ -341,6 +367,8 @@ FIGURE_WIDTH = 16.0
 """Inches; at :data:`_DPI` every figure is 1600 px wide, two panels a line at most."""
 _DPI = 100
 _FONT = 10
+_CURVE_COLOURS = tuple(f"C{k}" for k in range(10) if k != 3)
+"""One colour per defence curve; not C3 (red), which marks ε above the bound and the success bar."""
 
 
 def _figure(width: float, height: float) -> Any:
@@ -383,6 +411,25 @@ def _error(row: Mapping[str, Any], value: str) -> list[list[float]]:
     return [[mean - low if low is not None else 0.0], [high - mean if high is not None else 0.0]]
 
 
+def privacy_curves(rows: Sequence[Mapping[str, Any]], threat_model: str) -> dict[str, list[Mapping[str, Any]]]:
+    """The points of :func:`write_scatter`'s panel for ``threat_model``: per defence family, the row of the strongest
+    attack on each of its strengths (highest mean SSIM, prior-only rows excluded), ordered along the strength axis;
+    a defence without an axis is a family of one point.
+
+    Example:
+        >>> rows = [{"defence": f"p@{v}", "family": "p", "strength": v, "threat_model": "t", "attack": "ig",
+        ...          "ssim_mean": 1 - v, "test_accuracy_mean": 0.9} for v in (0.9, 0.5)]
+        >>> [r["strength"] for r in privacy_curves(rows, "t")["p"]]
+        [0.5, 0.9]
+    """
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for r in _strongest(rows, threat_model):
+        families.setdefault(_family(r), []).append(r)
+    for points in families.values():
+        points.sort(key=lambda r: (str(type(r.get("strength"))), r.get("strength") or 0))
+    return families
+
+
 def _privacy_panel(
     ax: Any, rows: Sequence[Mapping[str, Any]], threat_model: str, epsilon_bound: float
 ) -> list[Mapping[str, Any]]:
@@ -397,22 +444,42 @@ def _privacy_panel(
             fontsize=_FONT - 2,
             color="0.3",
         )
-    best = _strongest(rows, threat_model)
+    curves = privacy_curves(rows, threat_model)
+    best = [r for points in curves.values() for r in points]
     points = [(r["ssim_mean"], r["test_accuracy_mean"]) for r in best]
     broken = breaking_attacks(rows, threat_model)
     front = pareto_front(points) if broken else []  # no front over attacks that failed on the undefended model
+    families: dict[str, list[int]] = {}  # indices into best, per curve
     for i, r in enumerate(best):
-        warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
-        ax.errorbar(
-            *points[i],
-            xerr=_error(r, "ssim"),
-            yerr=r["test_accuracy_std"] or 0.0,
-            marker="o",
-            color="tab:red" if warn else "tab:blue",
-            linestyle="none",
-            capsize=3,
-            markerfacecolor="white" if i not in front else None,
-        )
+        families.setdefault(_family(r), []).append(i)
+    colours = [_CURVE_COLOURS[k % len(_CURVE_COLOURS)] for k in range(len(families))]
+    for colour, indices in zip(colours, families.values(), strict=True):
+        if len(indices) > 1:  # a defence swept over its strength: one curve, one point per strength
+            ax.plot(*zip(*(points[i] for i in indices), strict=True), "-", color=colour, lw=1.2, alpha=0.8)
+        for i in indices:
+            r = best[i]
+            warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
+            ax.errorbar(
+                *points[i],
+                xerr=_error(r, "ssim"),
+                yerr=r["test_accuracy_std"] or 0.0,
+                marker="o",
+                color=colour,
+                markeredgecolor="tab:red" if warn else colour,
+                linestyle="none",
+                capsize=3,
+                markerfacecolor="white" if i not in front else None,
+            )
+            if r.get("strength") is not None:  # the point's strength (and ε) beside it
+                text = _strength(r) + (f", ε={r['epsilon_mean']:.3g}" if r["epsilon_mean"] is not None else "")
+                ax.annotate(
+                    text + (" ⚠" if warn else ""),
+                    xy=points[i],
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    fontsize=_FONT - 3,
+                    color=colour,
+                )
     if len(front) > 1:
         ax.plot(*zip(*(points[i] for i in front), strict=True), "--", color="grey", label="Pareto front")
     bar = _success_bar(rows)
@@ -425,20 +492,26 @@ def _privacy_panel(
     if broken is None or not broken:  # said where the eye starts, in the panel's title
         heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
     ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred")
-    order = sorted(range(len(best)), key=lambda i: points[i][1])
-    heights = _spread([points[i][1] for i in order], gap=0.075, low=0.0, high=1.0)
-    for i, height in zip(order, heights, strict=True):
-        r = best[i]
-        label = f"{r['defence']} ({_attack_label(r)})"
-        if r["epsilon_mean"] is not None:
+    anchors = [max(indices, key=lambda i: points[i][1]) for indices in families.values()]  # a label per defence
+    order = sorted(range(len(anchors)), key=lambda k: points[anchors[k]][1])
+    heights = _spread([points[anchors[k]][1] for k in order], gap=0.075, low=0.0, high=1.0)
+    for k, height in zip(order, heights, strict=True):
+        indices = list(families.values())[k]
+        r = best[anchors[k]]
+        attacks = ", ".join(dict.fromkeys(_attack_label(best[i]) for i in indices))
+        label = f"{_family(r)} ({attacks})"
+        if len(indices) == 1 and r["epsilon_mean"] is not None and r.get("strength") is None:
             label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
+        if len(indices) > 1:
+            label += f", {len(indices)} strengths"
         ax.annotate(
             label,
-            xy=points[i],
+            xy=points[anchors[k]],
             xytext=(1.02, height),
             textcoords=("axes fraction", "data"),
             fontsize=_FONT - 1.5,
             va="center",
+            color=colours[k],
             arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6},
         )
     ax.set_xlabel("SSIM of the strongest attack (95 % interval over images)", fontsize=_FONT)
@@ -457,7 +530,9 @@ def write_scatter(
 ) -> Path:
     """Privacy–utility panels, one per threat model (two a line, 1600 px wide): each defence's test accuracy (its
     utility run; error bar: std over seeds) against the SSIM of the strongest attack on it under that threat model
-    (error bar: its 95 % interval over images).
+    (error bar: its 95 % interval over images). A defence swept over its strength
+    (:func:`~lightning_fl.bench.grid.expand_strengths`) is one curve of one colour, a point per strength, each
+    labelled with its strength and ε; the Pareto front runs over all points of all curves.
 
     Up and to the left is better (high accuracy, poor reconstructions). Each panel draws the success bar
     (``success_ssim``) and the guessing level (the best prior-only row) on the privacy axis. Where an attack breaks
@@ -471,7 +546,7 @@ def write_scatter(
     for ax, threat_model in zip(axes, threat_models, strict=True):
         _privacy_panel(ax, rows, threat_model, epsilon_bound)
     head = f"privacy–utility per threat model{': ' + title if title else ''}"
-    fig.suptitle(f"{head}\nfilled: Pareto front; red ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
+    fig.suptitle(f"{head}\nfilled: Pareto front; red edge ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
     return path
 
