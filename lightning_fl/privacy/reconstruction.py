@@ -10,16 +10,17 @@ of the best guess that never sees the output.
   (DP-SGD without subsampling, :math:`\mu = \sqrt T/\sigma`): :math:`\gamma = \Phi(\Phi^{-1}(\kappa) + \mu)`, the
   blow-up function of the pair :math:`(\mathcal N(\mu, 1), \mathcal N(0, 1))` (Hayes, Mahloujifar & Balle,
   "Bounding Training Data Reconstruction in DP-SGD", NeurIPS 2023, Sec. 3, with Neyman–Pearson's likelihood-ratio
-  sets; the closed form is Kaissis et al., 2023, Thm. 2 for the Gaussian mechanism).
+  sets; the closed form is Kaissis et al., 2023, for the Gaussian mechanism).
 * :func:`rero_dp_sgd`: the same blow-up bound :math:`\gamma = \mathcal B_\kappa(\mu, \nu) = \sup\{\mu(E) :
   \nu(E) \le \kappa\}` for DP-SGD with Poisson sampling rate :math:`q` over :math:`T` steps, estimated by Monte
   Carlo as Hayes et al. (2023, Sec. 3.2) do: :math:`\nu = \mathcal N(0, \sigma^2)^{\otimes T}` (the target's
   clipped gradient absent), :math:`\mu = ((1-q)\mathcal N(0, \sigma^2) + q\,\mathcal N(1, \sigma^2))^{\otimes T}`
   (present in each batch with probability :math:`q`), the threshold of the log-likelihood ratio set at :math:`\nu`'s
   :math:`(1-\kappa)` quantile, its probability under :math:`\mu` counted.
-* :func:`rero_rdp`: the looser bound from Rényi DP of Balle et al. (2022, Thm. 5): an :math:`(\alpha,
-  \epsilon)`-RDP mechanism is :math:`(\eta, \gamma)`-ReRo with :math:`\gamma = (\kappa e^{\epsilon})^{(\alpha -
-  1)/\alpha}`, minimised over the orders of the subsampled Gaussian's RDP curve (Mironov et al., 2019).
+* :func:`rero_rdp`: the looser bound from Rényi DP of Balle et al. (2022, their theorem that RDP implies ReRo): an
+  :math:`(\alpha, \epsilon)`-RDP mechanism is :math:`(\eta, \gamma)`-ReRo with
+  :math:`\gamma = (\kappa e^{\epsilon})^{(\alpha - 1)/\alpha}`, minimised over the orders of the subsampled
+  Gaussian's RDP curve (Mironov et al., 2019).
 
 A mechanism is given as a ``history`` of ``(noise_multiplier, sample_rate, steps)`` triples, as
 :class:`~lightning_fl.privacy.accounting.PrivacyAccountant` keeps it: ``noise_multiplier`` is the noise std over the
@@ -53,7 +54,7 @@ def _check(kappa: float, history: History) -> None:
 
 def rero_gaussian(kappa: float, mu: float) -> float:
     r"""The tight ReRo bound :math:`\Phi(\Phi^{-1}(\kappa) + \mu)` of a Gaussian mechanism with sensitivity over
-    noise std :math:`\mu` (Hayes et al., NeurIPS 2023, Sec. 3; Kaissis et al., 2023, Thm. 2).
+    noise std :math:`\mu` (Hayes et al., NeurIPS 2023, Sec. 3; Kaissis et al., 2023).
 
     Example:
         >>> round(rero_gaussian(0.5, 1.0), 4)  # Phi(1)
@@ -106,8 +107,8 @@ def rero_dp_sgd(kappa: float, history: History, *, samples: int = 50_000, seed: 
 
 
 def rero_rdp(kappa: float, history: History, *, orders: Sequence[float] = _ORDERS) -> float:
-    r"""The ReRo bound of Balle et al. (S&P 2022, Thm. 5) from the Rényi DP of the subsampled Gaussian mechanism:
-    :math:`\min_\alpha (\kappa\,e^{\epsilon(\alpha)})^{(\alpha-1)/\alpha}`, capped at 1.
+    r"""The ReRo bound of Balle et al. (S&P 2022, RDP implies ReRo) from the Rényi DP of the subsampled Gaussian
+    mechanism: :math:`\min_\alpha (\kappa\,e^{\epsilon(\alpha)})^{(\alpha-1)/\alpha}`, capped at 1.
 
     Example:
         >>> rero_rdp(0.5, [(1.0, 1.0, 1)]) > rero_gaussian(0.5, 1.0)  # looser than the tight bound

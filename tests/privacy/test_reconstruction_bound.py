@@ -11,7 +11,7 @@ from lightning_fl.privacy.reconstruction import rero_dp_sgd, rero_gaussian, rero
 
 
 def test_the_gaussian_bound_is_the_blow_up_closed_form() -> None:
-    """Hayes et al. (2023, Sec. 3) / Kaissis et al. (2023, Thm. 2): gamma = Phi(Phi^-1(kappa) + mu). Derived by hand:
+    """Hayes et al. (2023, Sec. 3) / Kaissis et al. (2023): gamma = Phi(Phi^-1(kappa) + mu). Derived by hand:
     at kappa = 1/2, Phi^-1(kappa) = 0, so gamma = Phi(mu); at mu = 1.6449, kappa = 0.05: Phi(0) = 1/2."""
     assert rero_gaussian(0.5, 1.0) == pytest.approx(0.841344746, abs=1e-9)
     assert rero_gaussian(0.05, norm.ppf(0.95)) == pytest.approx(0.5, abs=1e-12)
