@@ -17,9 +17,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_fl.bench.experiment import build_loop, fit_spec, recorded_warnings
+from lightning_fl.bench.experiment import build_loop, fit_loop, recorded_warnings
 
-__all__ = ["IMAGE_METRICS", "METRICS", "failure", "public_data", "run_attacks", "run_utility", "write_atomically"]
+__all__ = [
+    "IMAGE_METRICS",
+    "METRICS",
+    "dp_sgd_history",
+    "failure",
+    "public_data",
+    "run_attacks",
+    "run_utility",
+    "write_atomically",
+]
 
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
 """Attack scores averaged over a cell's attacked events, besides ``exact`` and ``success_rate``."""
@@ -79,15 +88,31 @@ def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, An
         ``cpu_seconds`` and ``status``.
     """
     start = time.process_time()
-    summary = fit_spec(spec, output_dir)
+    loop, summary = fit_loop(spec, output_dir)
     epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
     return {
         "test_accuracy": summary["test_accuracy"],
         "epsilon": epsilons[-1] if epsilons else None,
         "rounds": summary["rounds_completed"],
+        "dp_sgd_history": dp_sgd_history(loop),
         "cpu_seconds": time.process_time() - start,
         "status": "ok",
     }
+
+
+def dp_sgd_history(loop: Any) -> list[list[float]] | None:
+    """The DP-SGD mechanism a run's most-trained client ran (``(noise_multiplier, sample_rate, steps)`` triples of
+    its accountant, the noise multiplier over the whole gradient's clip norm), or ``None`` without a per-client
+    DP-SGD defence (:class:`~lightning_fl.defences.dp.ClientDPSGD`: Fed-CDP, 2DP-FL); what the ReRo bounds of
+    :mod:`lightning_fl.privacy.reconstruction` are computed from."""
+    from lightning_fl.defences.dp import ClientDPSGD
+
+    keys = {d.extra_key for d in loop.defences if isinstance(d, ClientDPSGD)}
+    histories = [c.extra[k]["history"] for c in loop.clients for k in keys if k in c.extra]
+    histories = [h for h in histories if h]
+    if not histories:
+        return None
+    return [[float(s), float(q), int(n)] for s, q, n in max(histories, key=lambda h: sum(n for *_, n in h))]
 
 
 def _leakage(*args: Any, **kwargs: Any) -> Any:
@@ -175,11 +200,14 @@ def run_attacks(
             load_global_model(loop.global_model, trained)
         summary = loop.fit(overwrite=holds_run(output_dir))  # a cell run again with other settings replaces its run
     share = (time.process_time() - start) / len(specs)
+    released = dp_sgd_history(loop)  # the attacked client's steps, each on a fixed batch that holds its target
+    attacked = [[sigma, 1.0, steps] for sigma, _, steps in released] if released else None
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
         own = [a for a in summary["attacks"] if a["attack"] == name]
         results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share)
         results[name]["prior_only"] = bool(getattr(leakage.attack, "prior_only", False))
+        results[name]["dp_sgd_attacked"] = attacked
     return results
 
 

@@ -21,10 +21,13 @@ __all__ = [
     "breaking_attacks",
     "log_to_wandb",
     "pareto_front",
+    "prior_success",
     "privacy_curves",
     "psnr_text",
     "rank_note",
+    "reconstruction_bounds",
     "summarise",
+    "write_bounds",
     "write_csv",
     "write_heatmap",
     "write_markdown",
@@ -51,6 +54,9 @@ COLUMNS = (
     *(f"{v}_{s}" for v in INTERVALS for s in ("low", "high")),
     "psnr_capped",
     "success_ssim",
+    "rero_kappa",
+    "rero_bound",
+    "rero_bound_training",
     "utility_rounds",
     "cpu_seconds",
     "status",
@@ -66,7 +72,10 @@ the 100 dB cap (an exact copy). Every score's ``_std``: sample std over seeds of
 attack's threat model of the server, ``honest-but-curious`` (it reads what it receives) or ``malicious`` (it changed
 the model it ships); ``prior_only``: a calibration row that never reads the images (:class:`PriorBaseline`);
 ``exact``: the share of the images behind an attacked update recovered at PSNR ≥ 30 dB; ``success_rate``: share of
-the attacked images at SSIM ≥ ``success_ssim``."""
+the attacked images at SSIM ≥ ``success_ssim``. ``rero_bound``: for a DP-SGD defence, the upper bound on any attack's
+success (Hayes et al., NeurIPS 2023) for the release the attack saw (its steps, each on a batch known to hold the
+target: q = 1), at ``rero_kappa``, the prior's baseline success (:func:`reconstruction_bounds`);
+``rero_bound_training``: the same bound for the whole utility run's DP-SGD (its σ, q, T)."""
 
 UNDEFENDED = "none"
 """The defence name of the undefended row, against which a threat model's attacks are judged."""
@@ -148,13 +157,66 @@ def summarise(
         for value in _ATTACK:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([r.get(value) for r in runs])
         _intervals(row, [r for r in runs if r.get("status", "").startswith("ok")])
+        row["dp_sgd_attacked"] = next((r["dp_sgd_attacked"] for r in runs if r.get("dp_sgd_attacked")), None)
+        row["dp_sgd_training"] = next((u["dp_sgd_history"] for u in trained if u.get("dp_sgd_history")), None)
         rounds = [u["rounds"] for u in trained if u.get("rounds") is not None]
         row["utility_rounds"] = min(rounds) if rounds else None
         row["cpu_seconds"] = sum(r.get("cpu_seconds") or 0.0 for r in runs)
         status = {r["status"] for r in runs} | {f"utility {u['status']}" for u in trained if u["status"] != "ok"}
         row["status"] = "; ".join(sorted(status))
         rows.append(row)
+    reconstruction_bounds(rows)
     return rows
+
+
+def prior_success(rows: Sequence[Mapping[str, Any]], threat_model: str) -> float | None:
+    """The prior's baseline success κ under ``threat_model``: the 95 % Clopper–Pearson upper limit of the best
+    prior-only row's success (k of n images at the success bar), or ``None`` without a prior-only row.
+
+    A guess never reads the update, so its success estimates κ of the ReRo bound; the bench's guesses are two of
+    many, so a better guess could score higher (the bound then rises with it).
+
+    Example:
+        >>> rows = [{"threat_model": "t", "prior_only": True, "success_rate_mean": 0.0, "images": 20}]
+        >>> round(prior_success(rows, "t"), 3)
+        0.168
+    """
+    from scipy.stats import beta
+
+    priors = [r for r in rows if r["threat_model"] == threat_model and r.get("prior_only") and r.get("images")]
+    if not priors:
+        return None
+    best = max(priors, key=lambda r: r.get("success_rate_mean") or 0.0)
+    n = int(best["images"])
+    k = round((best.get("success_rate_mean") or 0.0) * n)
+    return 1.0 if k >= n else float(beta.ppf(0.975, k + 1, n - k))
+
+
+def reconstruction_bounds(rows: list[dict[str, Any]]) -> None:
+    """Put the ReRo bounds (:mod:`lightning_fl.privacy.reconstruction`) into each DP-SGD row of ``rows``:
+    ``rero_bound`` for the release its attack saw, ``rero_bound_training`` for its utility run, both at the threat
+    model's κ (:func:`prior_success`); rows without a DP-SGD mechanism or a prior-only row get ``None``."""
+    from lightning_fl.privacy.reconstruction import rero_dp_sgd, rero_gaussian
+
+    def bound(kappa: float, history: Sequence[Sequence[float]]) -> float:
+        if all(q == 1.0 for _, q, _ in history):  # no subsampling: the closed form
+            return rero_gaussian(kappa, math.sqrt(sum(n / s**2 for s, _, n in history)))
+        return rero_dp_sgd(kappa, [(s, q, int(n)) for s, q, n in history], samples=20_000)
+
+    kappas = {t: prior_success(rows, t) for t in dict.fromkeys(r["threat_model"] for r in rows)}
+    cache: dict[tuple[float, str], float] = {}
+    for row in rows:
+        kappa = kappas[row["threat_model"]]
+        row["rero_kappa"] = kappa if row.get("dp_sgd_attacked") or row.get("dp_sgd_training") else None
+        sources = (("rero_bound", row.get("dp_sgd_attacked")), ("rero_bound_training", row.get("dp_sgd_training")))
+        for column, history in sources:
+            if kappa is None or not history:
+                row[column] = None
+                continue
+            key = (kappa, repr(history))
+            if key not in cache:
+                cache[key] = bound(kappa, history)
+            row[column] = cache[key]
 
 
 def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]] | None:
@@ -299,6 +361,7 @@ def write_markdown(
                 + " | ".join(values)
                 + " |"
             )
+        lines += _bound_lines(rows, threat_model)
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
@@ -321,6 +384,25 @@ def write_markdown(
 def _family(row: Mapping[str, Any]) -> str:
     """The defence a row's strength variant belongs to (the row's defence when it has no strength axis)."""
     return row.get("family") or row["defence"]
+
+
+def _bound_lines(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
+    """The DP-SGD points of a threat model's table with their ReRo bounds, one line each (none without)."""
+    best = _bounded(rows, threat_model)
+    if not best:
+        return []
+    kappa = best[0]["rero_kappa"]
+    lines = ["", f"ReRo bounds (Hayes et al., 2023) at κ = {kappa:.3f} (the prior's success, upper 95 %):"]
+    for r in best:
+        training = r.get("rero_bound_training")
+        lines.append(
+            f"- {_family(r)} {_strength(r)}: {r['attack']} succeeds on {_cell(r, 'success_rate', 2)} of the images; "
+            f"no attack can exceed {r['rero_bound']:.3f} on the release it saw"
+            + (f", {training:.3f} on the utility run's whole DP-SGD" if training is not None else "")
+            + ("" if r["success_rate_mean"] <= r["rero_bound"] else " (**measured above the bound: check κ**)")
+            + "."
+        )
+    return lines
 
 
 def _strength(row: Mapping[str, Any]) -> str:
@@ -547,6 +629,66 @@ def write_scatter(
         _privacy_panel(ax, rows, threat_model, epsilon_bound)
     head = f"privacy–utility per threat model{': ' + title if title else ''}"
     fig.suptitle(f"{head}\nfilled: Pareto front; red edge ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _bounded(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]]:
+    """Per DP-SGD defence with a bound under ``threat_model``, its row of the attack with the highest success."""
+    best = []
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+        scored = [r for r in scored if not r.get("prior_only") and r.get("rero_bound") is not None]
+        scored = [r for r in scored if r.get("success_rate_mean") is not None]
+        if scored:
+            best.append(max(scored, key=lambda r: r["success_rate_mean"]))
+    return best
+
+
+def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
+    """The measured attack success of every DP-SGD point beside its ReRo upper bound (``reconstruction_bound.png``),
+    one panel per threat model (two a line, 1600 px wide), or ``None`` when no row has a bound.
+
+    Per point: the success of the strongest attack (share of images at the success bar; bar: 95 % interval over
+    images), the bound for the release that attack saw (▼; the measurement must lie under it) and the bound for the
+    utility run's whole DP-SGD (×), both at the threat model's κ (:func:`prior_success`, dotted line).
+    """
+    threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if _bounded(rows, t)]
+    if not threat_models:
+        return None
+    fig, axes = _panels(len(threat_models), 4.6)
+    for ax, threat_model in zip(axes, threat_models, strict=True):
+        best = _bounded(rows, threat_model)
+        xs = range(len(best))
+        for x, r in zip(xs, best, strict=True):
+            first = x == 0  # one legend entry per kind
+            ax.errorbar(
+                x,
+                r["success_rate_mean"],
+                yerr=_error(r, "success_rate"),
+                marker="o",
+                color="tab:blue",
+                capsize=3,
+                label="measured (strongest attack)" if first else None,
+            )
+            label = "ReRo bound, attacked release" if first else None
+            ax.plot(x, r["rero_bound"], "v", color="black", ms=9, label=label)
+            if r.get("rero_bound_training") is not None:
+                label = "ReRo bound, utility run (σ, q, T)" if first else None
+                ax.plot(x, r["rero_bound_training"], "x", color="0.4", ms=8, label=label)
+            gap = f"{r['rero_bound'] - r['success_rate_mean']:+.2f}"
+            ax.annotate(gap, (x, r["rero_bound"]), xytext=(6, -3), textcoords="offset points", fontsize=_FONT - 2)
+        ax.axhline(best[0]["rero_kappa"], color="0.35", linestyle=":", lw=1.2, label="κ (prior's success, upper 95 %)")
+        labels = [f"{_family(r)}\n{_strength(r)}\n({r['attack']})" for r in best]
+        ax.set_xticks(list(xs), labels, fontsize=_FONT - 2)
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_ylabel(f"attack success (SSIM ≥ {_success_bar(rows)})", fontsize=_FONT)
+        heading = f"threat model {threat_model}: measured vs. upper bound (numbers: bound − measured)"
+        ax.set_title(heading, fontsize=_FONT)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=_FONT - 2, loc="upper right")
+    head = "reconstruction success of DP-SGD points and its ReRo bound (Hayes et al., 2023)"
+    fig.suptitle(f"{head}{': ' + title if title else ''}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
     return path
 
