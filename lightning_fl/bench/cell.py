@@ -53,8 +53,9 @@ def _per_image(attacks: list[Mapping[str, Any]], metric: str) -> list[float]:
 def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float) -> dict[str, Any]:
     """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only).
 
-    ``images`` holds each attacked image's PSNR, SSIM and LPIPS; ``success_rate`` is the share of attacked images
-    whose reconstruction reaches SSIM ≥ ``success_ssim``.
+    ``images`` holds each attacked image's PSNR, SSIM and LPIPS, ``by_round`` its PSNR and SSIM per attacked round
+    (leakage over training); ``success_rate`` is the share of attacked images whose reconstruction reaches SSIM ≥
+    ``success_ssim``.
     """
     attacks = [a for a in entries if a.get("readable", True)]
     unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
@@ -64,6 +65,10 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
         "success_rate": _mean([float(v >= spec["success_ssim"]) for v in images["ssim"]]),
         "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
         "images": images,
+        "by_round": {
+            str(r): {m: _per_image([a for a in attacks if a.get("round") == r], m) for m in ("psnr", "ssim")}
+            for r in sorted({a.get("round", 0) for a in attacks})
+        },
         "success_ssim": spec["success_ssim"],
         "attacked": len(attacks),
         "unreadable": unreadable,
@@ -166,6 +171,7 @@ def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) 
             build_attack(cell_spec, name, int(spec["seed"])),
             leak_point=spec["leak_point"],
             rounds=spec["attack_rounds"],
+            clients=spec.get("clients"),
             max_images=spec["max_images"],
         )
         for name, cell_spec in specs.items()

@@ -41,13 +41,32 @@ __all__ = [
     "select",
     "server_threat",
     "utilities",
+    "utility_rounds",
 ]
 
 _STRENGTH_KEYS = {"key", "values"}
 """A defence's strength axis: ``key``, a dotted path into its entry (``defences.0.init_args.ratio``; a path
 starting ``init_args.`` is short for ``defences.0.init_args.``), and the ``values`` it takes, one defence each."""
 _REQUIRED = ("data", "model", "loop", "defences", "attacks", "threat_models", "seeds")
-_THREAT_MODEL_KEYS = {"leak_point", "trained", "max_images", "attack_rounds", "data", "model", "loop", "about"}
+_THREAT_MODEL_KEYS = {
+    "leak_point",
+    "trained",
+    "protocol",
+    "clients",
+    "attacks",
+    "max_images",
+    "attack_rounds",
+    "data",
+    "model",
+    "loop",
+    "about",
+}
+"""A threat model: its ``leak_point``; ``protocol``: ``attack`` (default: a short attack run, ``attack_run``) or
+``utility`` (the utility run itself, retrained with the attacks at ``attack_rounds``, by default its first,
+middle and last round: leakage over training, :func:`utility_rounds`); ``trained`` (start from the utility run's
+model); ``clients`` (the client ids attacked, default every selected one); ``attacks`` (the attacks that run under
+it, default all); ``max_images``, ``attack_rounds``, and ``data``/``model``/``loop`` merged over the run's."""
+PROTOCOLS = ("attack", "utility")
 _ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_defences", "model"}
 """An attack entry: the attack, the defences it runs against, and what it changes of its own run: the bundles a
 malicious server applies to the model it ships (``server_defences``, before the defence's own) and the model
@@ -163,6 +182,15 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     settings = expand_strengths(apply_only(raw))
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
+        protocol = (threat or {}).get("protocol", "attack")
+        if protocol not in PROTOCOLS or (protocol == "utility" and threat.get("trained")):
+            raise ValueError(
+                f"threat_models.{name}.protocol={protocol!r}: use one of {list(PROTOCOLS)} (utility: the utility run "
+                "itself, which trains from the start, so not with trained: true)."
+            )
+        unknown_attacks = sorted(set((threat or {}).get("attacks") or []) - set(settings["attacks"]))
+        if unknown_attacks:
+            raise ValueError(f"threat_models.{name}.attacks names {unknown_attacks}, not in attacks.")
         if unknown or not (threat or {}).get("leak_point"):
             raise ValueError(
                 f"threat_models.{name}: {'unknown keys ' + str(unknown) if unknown else 'no leak_point'}; a threat "
@@ -340,8 +368,10 @@ class Cell:
         ``attack_run``, then the defence's ``loop``, then the threat model's ``data``/``model``/``loop`` and then the
         attack's own ``model``, each merged over the one before; the attack's ``server_defences`` come before the
         defence's bundles (the malicious server changes the model first, the clients' defences act on what it
-        ships), and the defences draw fixed batches (:func:`fixed_batches`). ``run`` names the attack run: shared
-        by the cells of one defence, threat model and seed, unless the attack changes the run.
+        ships), and the defences draw fixed batches (:func:`fixed_batches`). A ``protocol: utility`` threat model
+        skips ``attack_run`` and keeps the defences' own sampling: its run is the utility run, attacked at its
+        ``attack_rounds`` (default :func:`utility_rounds`). ``run`` names the attack run: shared by the cells of one
+        defence, threat model and seed, unless the attack changes the run.
         """
         defence = _defence(settings, self.defence)
         if self.threat_model not in settings["threat_models"]:
@@ -349,11 +379,13 @@ class Cell:
         if self.attack not in settings["attacks"]:
             raise ValueError(f"attack {self.attack!r} is not in the config's attacks: {sorted(settings['attacks'])}.")
         threat = settings["threat_models"][self.threat_model]
-        run = settings.get("attack_run") or {}
+        utility = threat.get("protocol") == "utility"
+        run = {} if utility else settings.get("attack_run") or {}
         parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
         parts["model"] = _merge(_merge(settings["model"], defence.get("model", {})), run.get("model", {}))
         parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
         parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
+        default_rounds = utility_rounds(parts["loop"]) if utility else settings.get("attack_rounds", [0])
         attack = settings["attacks"][self.attack]
         parts["model"] = _merge(parts["model"], attack.get("model", {}))
         trained = bool(threat.get("trained", False))
@@ -362,14 +394,18 @@ class Cell:
             "cell": self.key,
             "run": f"{run}__{self.attack}" if changes_run(attack) else run,
             **parts,
-            "defences": [*attack.get("server_defences", []), *fixed_batches(defence.get("defences", []))],
+            "defences": [
+                *attack.get("server_defences", []),
+                *(defence.get("defences", []) if utility else fixed_batches(defence.get("defences", []))),
+            ],
             "client_callbacks": defence.get("client_callbacks", []),
             "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
             "server": server_threat(attack),
             "threat_model": self.threat_model,
             "leak_point": threat["leak_point"],
             "trained_from": fingerprint(self.utility.spec(settings)) if trained else None,
-            "attack_rounds": threat.get("attack_rounds", settings.get("attack_rounds", [0])),
+            "attack_rounds": threat.get("attack_rounds", default_rounds),
+            "clients": threat.get("clients"),
             "max_images": threat.get("max_images", settings.get("max_images", 1)),
             "success_ssim": settings.get("success_ssim", 0.5),
             "seed": self.seed,
@@ -394,13 +430,27 @@ def server_threat(attack: Mapping[str, Any]) -> str:
 
 def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model: str | None = None) -> bool:
     """Whether ``attack`` runs against ``defence`` (under ``threat_model``): always, unless the attack names the
-    defences it applies to (``applies_to``: model inversion needs a model with private layers), or it changes its
-    run's model and the threat model attacks the utility run's trained one (that model has no such layers)."""
+    defences it applies to (``applies_to``: model inversion needs a model with private layers), the threat model
+    names the attacks that run under it (``attacks``), or the attack changes its run's model and the threat model
+    attacks the utility run's own model (``trained`` or ``protocol: utility``: that model has no such layers)."""
     entry = settings["attacks"][attack]
     allowed = entry.get("applies_to")
-    trained = threat_model is not None and bool((settings["threat_models"][threat_model] or {}).get("trained"))
+    threat = (settings["threat_models"][threat_model] or {}) if threat_model is not None else {}
+    own_model = bool(threat.get("trained")) or threat.get("protocol") == "utility"
     named = allowed is None or defence in allowed or family(settings, defence) in allowed
-    return named and not (trained and changes_run(entry))
+    chosen = threat.get("attacks") is None or attack in threat["attacks"]
+    return named and chosen and not (own_model and changes_run(entry))
+
+
+def utility_rounds(loop: Mapping[str, Any]) -> list[int]:
+    """The rounds a ``protocol: utility`` threat model attacks by default: the run's first, middle and last.
+
+    Example:
+        >>> utility_rounds({"num_rounds": 25}), utility_rounds({"num_rounds": 2})
+        ([0, 12, 24], [0, 1])
+    """
+    last = int(loop.get("num_rounds", 1)) - 1
+    return sorted({0, last // 2, last})
 
 
 def utilities(settings: Mapping[str, Any]) -> list[Utility]:

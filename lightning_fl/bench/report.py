@@ -19,6 +19,7 @@ __all__ = [
     "INTERVALS",
     "UNDEFENDED",
     "breaking_attacks",
+    "leakage_by_round",
     "log_to_wandb",
     "pareto_front",
     "prior_success",
@@ -30,6 +31,7 @@ __all__ = [
     "write_bounds",
     "write_csv",
     "write_heatmap",
+    "write_leakage_by_round",
     "write_markdown",
     "write_scatter",
 ]
@@ -123,6 +125,15 @@ def _intervals(row: dict[str, Any], runs: Sequence[Mapping[str, Any]]) -> None:
         row[f"{metric}_mean"], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
 
 
+def _by_round(runs: Sequence[Mapping[str, Any]]) -> dict[int, list[float]]:
+    """The SSIM of every image a row's cells attacked, per attacked round, all seeds together."""
+    rounds: dict[int, list[float]] = {}
+    for r in runs:
+        for key, scores in (r.get("by_round") or {}).items():
+            rounds.setdefault(int(key), []).extend(v for v in scores.get("ssim") or [] if math.isfinite(v))
+    return dict(sorted(rounds.items()))
+
+
 def summarise(
     results: Sequence[Mapping[str, Any]],
     utility: Mapping[str, Mapping[str, Any]],
@@ -157,6 +168,7 @@ def summarise(
         for value in _ATTACK:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([r.get(value) for r in runs])
         _intervals(row, [r for r in runs if r.get("status", "").startswith("ok")])
+        row["by_round"] = _by_round(runs)
         row["dp_sgd_attacked"] = next((r["dp_sgd_attacked"] for r in runs if r.get("dp_sgd_attacked")), None)
         row["dp_sgd_training"] = next((u["dp_sgd_history"] for u in trained if u.get("dp_sgd_history")), None)
         rounds = [u["rounds"] for u in trained if u.get("rounds") is not None]
@@ -689,6 +701,63 @@ def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = 
         ax.legend(fontsize=_FONT - 2, loc="upper right")
     head = "reconstruction success of DP-SGD points and its ReRo bound (Hayes et al., 2023)"
     fig.suptitle(f"{head}{': ' + title if title else ''}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def leakage_by_round(
+    rows: Sequence[Mapping[str, Any]], threat_model: str
+) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Per defence, the strongest attack's SSIM at each attacked round under ``threat_model``: ``(round, mean, low,
+    high)`` with the 95 % bootstrap interval over the round's images; only defences attacked at two rounds or more.
+
+    The strongest attack is the one with the highest mean SSIM over all rounds (prior-only rows excluded).
+
+    Example:
+        >>> row = {"defence": "none", "threat_model": "t", "attack": "ig", "ssim_mean": 0.5,
+        ...        "by_round": {0: [0.9, 0.9], 24: [0.2, 0.2]}}
+        >>> [(r, round(m, 2)) for r, m, _, _ in leakage_by_round([row], "t")["none"]]
+        [(0, 0.9), (24, 0.2)]
+    """
+    from lightning_fl.attacks.metrics import bootstrap_interval
+
+    lines = {}
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+        scored = [r for r in scored if not r.get("prior_only") and len(r.get("by_round") or {}) > 1]
+        if scored:
+            best = max(scored, key=lambda r: r.get("ssim_mean") or 0.0)
+            points = [(k, v) for k, v in best["by_round"].items() if v]
+            lines[defence] = [(k, *bootstrap_interval(v, resamples=_RESAMPLES)) for k, v in points]
+    return lines
+
+
+def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
+    """Attack SSIM against the training round (``leakage_by_round.png``), one panel per threat model that attacks
+    two rounds or more (a ``protocol: utility`` threat model: the utility run's own updates), one line per defence
+    (:func:`leakage_by_round`, band: 95 % interval over images); ``None`` when no threat model does."""
+    threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if leakage_by_round(rows, t)]
+    if not threat_models:
+        return None
+    fig, axes = _panels(len(threat_models), 5.0)
+    families = list(dict.fromkeys(_family(r) for r in rows))
+    for ax, threat_model in zip(axes, threat_models, strict=True):
+        for defence, points in leakage_by_round(rows, threat_model).items():
+            row = next(r for r in rows if r["defence"] == defence)
+            colour = _CURVE_COLOURS[families.index(_family(row)) % len(_CURVE_COLOURS)]
+            rounds, means, lows, highs = zip(*points, strict=True)
+            ax.plot(rounds, means, "o-", color=colour, label=defence, lw=1.2, ms=4)
+            ax.fill_between(rounds, lows, highs, color=colour, alpha=0.12)
+        bar = _success_bar(rows)
+        if bar is not None:
+            ax.axhline(bar, color="tab:red", linestyle="--", lw=1.2, label=f"success bar: SSIM ≥ {bar:g}")
+        ax.set_title(f"threat model {threat_model}: leakage over training", fontsize=_FONT + 1)
+        ax.set_xlabel("training round (0-based) of the attacked update", fontsize=_FONT)
+        ax.set_ylabel("SSIM of the strongest attack", fontsize=_FONT)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=_FONT - 3, loc="center left", bbox_to_anchor=(1.01, 0.5), ncol=1 + len(ax.lines) // 16)
+    fig.suptitle(f"attack score by training round{': ' + title if title else ''}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
     return path
 

@@ -255,8 +255,11 @@ def run_bench(
         report.write_scatter(rows, output_dir / "privacy_utility.png", epsilon_bound=bound, title=title),
         report.write_heatmap(rows, output_dir / "heatmap.png", title=title),
     ]
-    bounds = report.write_bounds(rows, output_dir / "reconstruction_bound.png", title=title)
-    pictures += [bounds] if bounds is not None else []
+    extra = [
+        report.write_bounds(rows, output_dir / "reconstruction_bound.png", title=title),
+        report.write_leakage_by_round(rows, output_dir / "leakage_by_round.png", title=title),
+    ]
+    pictures += [picture for picture in extra if picture is not None]
     report.write_csv(rows, output_dir / "bench.csv")
     report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound, title=title)
     if wandb_project is not None:
