@@ -88,11 +88,22 @@ def failure(err: BaseException) -> str:
 def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     """Train one defence at the utility setting and return its test accuracy, ε and CPU seconds.
 
+    A spec with ``tune`` (a defence's ``tune:`` entry) first picks its settings on the validation split
+    (:func:`~lightning_fl.bench.tuning.tune`, trials in ``<output_dir>__tuning``) and trains with them.
+
     Returns:
         ``test_accuracy``, ``epsilon`` (the last round's; ``None`` without a DP defence), ``rounds`` completed,
-        ``cpu_seconds`` and ``status``.
+        ``dp_sgd_history`` (:func:`dp_sgd_history`), ``tuned`` (the chosen settings and every trial's validation
+        accuracy, or ``None``), ``cpu_seconds`` and ``status``.
     """
     start = time.process_time()
+    tuned = None
+    if spec.get("tune"):  # the defence's settings chosen on the validation split first (lightning_fl.bench.tuning)
+        from lightning_fl.bench.tuning import tune
+
+        output_dir = Path(output_dir)
+        tuned = tune(spec, spec["tune"], output_dir.with_name(f"{output_dir.name}__tuning"))
+        spec = tuned.pop("spec")
     loop, summary = fit_loop(spec, output_dir)
     epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
     return {
@@ -100,6 +111,7 @@ def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, An
         "epsilon": epsilons[-1] if epsilons else None,
         "rounds": summary["rounds_completed"],
         "dp_sgd_history": dp_sgd_history(loop),
+        "tuned": tuned,
         "cpu_seconds": time.process_time() - start,
         "status": "ok",
     }

@@ -37,9 +37,11 @@ __all__ = [
     "fixed_batches",
     "load_class",
     "load_settings",
+    "merge",
     "read_mapping",
     "select",
     "server_threat",
+    "set_path",
     "utilities",
     "utility_rounds",
 ]
@@ -75,12 +77,17 @@ SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 """Grid axes a command line (``--defences a,b``) or an ``only:`` section may trim."""
 
 
-def _merge(base: Any, override: Any) -> Any:
-    """Mappings merge key by key; anything else (lists included) is replaced."""
+def merge(base: Any, override: Any) -> Any:
+    """Mappings merge key by key; anything else (lists included) is replaced.
+
+    Example:
+        >>> merge({"loop": {"num_rounds": 25, "local_epochs": 3}}, {"loop": {"num_rounds": 5}})
+        {'loop': {'num_rounds': 5, 'local_epochs': 3}}
+    """
     if isinstance(base, Mapping) and isinstance(override, Mapping):
         merged = dict(base)
         for key, value in override.items():
-            merged[key] = _merge(base[key], value) if key in base else copy.deepcopy(value)
+            merged[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
         return merged
     return copy.deepcopy(override)
 
@@ -159,8 +166,8 @@ def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, 
         base_path = (path.parent / str(base)).resolve()
         if base_path in seen or base_path == path.resolve():
             raise ValueError(f"bench config {path}: base: {base} leads back to itself; name a config without a cycle.")
-        raw = _merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
-    return _merge(raw, preset) if quick else raw
+        raw = merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
+    return merge(raw, preset) if quick else raw
 
 
 def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
@@ -210,8 +217,13 @@ def _strength_label(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _set_path(entry: dict[str, Any], path: str, value: Any, where: str) -> dict[str, Any]:
-    """A copy of ``entry`` with ``value`` at the dotted ``path`` (list indices as numbers; missing mappings made).
+def set_path(entry: dict[str, Any], path: str, value: Any, where: str) -> dict[str, Any]:
+    """A copy of ``entry`` with ``value`` at the dotted ``path`` (list indices as numbers; missing mappings made;
+    ``init_args.X`` is short for ``defences.0.init_args.X``).
+
+    Example:
+        >>> set_path({"defences": [{"init_args": {"ratio": 0.7}}]}, "init_args.ratio", 0.9, "strength")
+        {'defences': [{'init_args': {'ratio': 0.9}}]}
 
     Raises:
         ValueError: naming ``where`` when the path runs through a missing list item or a non-container.
@@ -275,7 +287,7 @@ def expand_strengths(settings: Mapping[str, Any]) -> dict[str, Any]:
             )
         base = {k: v for k, v in entry.items() if k != "strength"}
         for value in values:
-            variant = _set_path(base, str(axis["key"]), value, where)
+            variant = set_path(base, str(axis["key"]), value, where)
             variant.update(family=name, strength={"key": str(axis["key"]), "value": value})
             defences[f"{name}@{_strength_label(value)}"] = variant
     return {**settings, "defences": defences}
@@ -334,11 +346,12 @@ class Utility:
         return {
             "run": f"utility/{self.key}",
             "data": settings["data"],
-            "model": _merge(settings["model"], defence.get("model", {})),
-            "loop": _merge(settings["loop"], defence.get("loop", {})),
+            "model": merge(settings["model"], defence.get("model", {})),
+            "loop": merge(settings["loop"], defence.get("loop", {})),
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
             "seed": self.seed,
+            **({"tune": defence["tune"]} if defence.get("tune") else {}),
         }
 
 
@@ -381,13 +394,13 @@ class Cell:
         threat = settings["threat_models"][self.threat_model]
         utility = threat.get("protocol") == "utility"
         run = {} if utility else settings.get("attack_run") or {}
-        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
-        parts["model"] = _merge(_merge(settings["model"], defence.get("model", {})), run.get("model", {}))
-        parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
-        parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
+        parts = {k: merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
+        parts["model"] = merge(merge(settings["model"], defence.get("model", {})), run.get("model", {}))
+        parts["loop"] = merge(parts["loop"], defence.get("loop", {}))
+        parts = {k: merge(v, threat.get(k, {})) for k, v in parts.items()}
         default_rounds = utility_rounds(parts["loop"]) if utility else settings.get("attack_rounds", [0])
         attack = settings["attacks"][self.attack]
-        parts["model"] = _merge(parts["model"], attack.get("model", {}))
+        parts["model"] = merge(parts["model"], attack.get("model", {}))
         trained = bool(threat.get("trained", False))
         run = f"{self.defence}__{self.threat_model}__s{self.seed}"
         return {

@@ -169,6 +169,7 @@ def summarise(
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([r.get(value) for r in runs])
         _intervals(row, [r for r in runs if r.get("status", "").startswith("ok")])
         row["by_round"] = _by_round(runs)
+        row["tuned"] = next((u["tuned"] for u in trained if u.get("tuned")), None)
         row["dp_sgd_attacked"] = next((r["dp_sgd_attacked"] for r in runs if r.get("dp_sgd_attacked")), None)
         row["dp_sgd_training"] = next((u["dp_sgd_history"] for u in trained if u.get("dp_sgd_history")), None)
         rounds = [u["rounds"] for u in trained if u.get("rounds") is not None]
@@ -177,7 +178,6 @@ def summarise(
         status = {r["status"] for r in runs} | {f"utility {u['status']}" for u in trained if u["status"] != "ok"}
         row["status"] = "; ".join(sorted(status))
         rows.append(row)
-    reconstruction_bounds(rows)
     return rows
 
 
@@ -204,10 +204,17 @@ def prior_success(rows: Sequence[Mapping[str, Any]], threat_model: str) -> float
     return 1.0 if k >= n else float(beta.ppf(0.975, k + 1, n - k))
 
 
-def reconstruction_bounds(rows: list[dict[str, Any]]) -> None:
+def reconstruction_bounds(rows: list[dict[str, Any]], *, kappa: float | None = None) -> None:
     """Put the ReRo bounds (:mod:`lightning_fl.privacy.reconstruction`) into each DP-SGD row of ``rows``:
-    ``rero_bound`` for the release its attack saw, ``rero_bound_training`` for its utility run, both at the threat
-    model's κ (:func:`prior_success`); rows without a DP-SGD mechanism or a prior-only row get ``None``."""
+    ``rero_bound`` for the release its attack saw, ``rero_bound_training`` for its utility run, both at ``kappa``
+    (a bench config's ``rero_kappa``: the baseline of a prior the user names) or else at the threat model's
+    estimate (:func:`prior_success`); rows without a DP-SGD mechanism, or without κ, get ``None``.
+
+    Raises:
+        ValueError: naming ``rero_kappa`` when it is not in [0, 1].
+    """
+    if kappa is not None and not 0.0 <= kappa <= 1.0:
+        raise ValueError(f"rero_kappa={kappa}: the prior's baseline success probability lies in [0, 1].")
     from lightning_fl.privacy.reconstruction import rero_dp_sgd, rero_gaussian
 
     def bound(kappa: float, history: Sequence[Sequence[float]]) -> float:
@@ -215,19 +222,20 @@ def reconstruction_bounds(rows: list[dict[str, Any]]) -> None:
             return rero_gaussian(kappa, math.sqrt(sum(n / s**2 for s, _, n in history)))
         return rero_dp_sgd(kappa, [(s, q, int(n)) for s, q, n in history], samples=20_000)
 
-    kappas = {t: prior_success(rows, t) for t in dict.fromkeys(r["threat_model"] for r in rows)}
+    threat_models = dict.fromkeys(r["threat_model"] for r in rows)
+    kappas = {t: kappa if kappa is not None else prior_success(rows, t) for t in threat_models}
     cache: dict[tuple[float, str], float] = {}
     for row in rows:
-        kappa = kappas[row["threat_model"]]
-        row["rero_kappa"] = kappa if row.get("dp_sgd_attacked") or row.get("dp_sgd_training") else None
+        row["rero_kappa"] = kappas[row["threat_model"]] if row.get("dp_sgd_attacked") else None
         sources = (("rero_bound", row.get("dp_sgd_attacked")), ("rero_bound_training", row.get("dp_sgd_training")))
         for column, history in sources:
-            if kappa is None or not history:
+            at = kappas[row["threat_model"]]
+            if at is None or not history or row.get("prior_only"):
                 row[column] = None
                 continue
-            key = (kappa, repr(history))
+            key = (at, repr(history))
             if key not in cache:
-                cache[key] = bound(kappa, history)
+                cache[key] = bound(at, history)
             row[column] = cache[key]
 
 
@@ -351,6 +359,7 @@ def write_markdown(
             f"| {_family(r)} | {_strength(r)} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
             f"{r['utility_rounds'] if r['utility_rounds'] is not None else '–'} |"
         )
+    lines += _tuning_lines(rows)
     header = "| defence | attack | server | strength | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact "
     header += "| success | images | status |"
     for threat_model in dict.fromkeys(r["threat_model"] for r in rows):
@@ -396,6 +405,18 @@ def write_markdown(
 def _family(row: Mapping[str, Any]) -> str:
     """The defence a row's strength variant belongs to (the row's defence when it has no strength axis)."""
     return row.get("family") or row["defence"]
+
+
+def _tuning_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Under the utility table: the settings each tuned defence chose on the validation split (seed 0's)."""
+    lines = []
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        tuned = next(r for r in rows if r["defence"] == defence).get("tuned")
+        if tuned:
+            best = max(t["val_accuracy"] for t in tuned["trials"])
+            chosen = ", ".join(f"{k} = {v}" for k, v in tuned["chosen"].items())
+            lines.append(f"- {defence}: {chosen} (validation accuracy {best:.3f}, best of {len(tuned['trials'])})")
+    return ["", "Tuned on the clients' validation split (`tune:`), never the test set:", *lines] if lines else []
 
 
 def _bound_lines(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
@@ -691,6 +712,7 @@ def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = 
             gap = f"{r['rero_bound'] - r['success_rate_mean']:+.2f}"
             ax.annotate(gap, (x, r["rero_bound"]), xytext=(6, -3), textcoords="offset points", fontsize=_FONT - 2)
         ax.axhline(best[0]["rero_kappa"], color="0.35", linestyle=":", lw=1.2, label="κ (prior's success, upper 95 %)")
+        ax.set_xlim(-0.5, len(best) - 0.5)
         labels = [f"{_family(r)}\n{_strength(r)}\n({r['attack']})" for r in best]
         ax.set_xticks(list(xs), labels, fontsize=_FONT - 2)
         ax.set_ylim(-0.02, 1.05)
@@ -742,11 +764,14 @@ def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, tit
     fig, axes = _panels(len(threat_models), 5.0)
     families = list(dict.fromkeys(_family(r) for r in rows))
     for ax, threat_model in zip(axes, threat_models, strict=True):
+        drawn: list[str] = []  # a family's strengths: one colour, one line style each
         for defence, points in leakage_by_round(rows, threat_model).items():
             row = next(r for r in rows if r["defence"] == defence)
             colour = _CURVE_COLOURS[families.index(_family(row)) % len(_CURVE_COLOURS)]
+            style = ("-", "--", ":", "-.")[drawn.count(_family(row)) % 4]
+            drawn.append(_family(row))
             rounds, means, lows, highs = zip(*points, strict=True)
-            ax.plot(rounds, means, "o-", color=colour, label=defence, lw=1.2, ms=4)
+            ax.plot(rounds, means, marker="o", linestyle=style, color=colour, label=defence, lw=1.2, ms=4)
             ax.fill_between(rounds, lows, highs, color=colour, alpha=0.12)
         bar = _success_bar(rows)
         if bar is not None:

@@ -247,6 +247,7 @@ def run_bench(
         raise
     executor.close()
     rows = report.summarise([results[c.key] for c in grid if c.key in results], utility, settings["defences"])
+    report.reconstruction_bounds(rows, kappa=settings.get("rero_kappa"))
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))
     seeds = f"seed{'s' if len(settings['seeds']) > 1 else ''} {', '.join(map(str, settings['seeds']))}"
