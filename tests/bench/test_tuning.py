@@ -15,7 +15,7 @@ from tests.bench.test_strength_axis import TINY
 def test_a_tuned_defence_trains_with_the_setting_that_scores_best_on_the_validation_split(
     tmp_path, monkeypatch
 ) -> None:
-    tune = {"grid": {"model.init_args.lr": [0.0, 0.01]}, "loop": {"local_steps": 6}}
+    tune = {"grid": {"model.init_args.lr": [1e-9, 0.01]}, "loop": {"local_steps": 6}}
     grid = {**TINY, "defences": {"none": {"tune": tune}}}
     grid["attacks"] = {"dlg": {**TINY["attacks"]["dlg"], "init_args": {"max_iterations": 2}}}
     assert Utility("none", 0).spec(grid)["tune"] == tune
@@ -29,8 +29,8 @@ def test_a_tuned_defence_trains_with_the_setting_that_scores_best_on_the_validat
     run_bench(grid, tmp_path, print_=lambda _: None)
     stored = json.loads((tmp_path / "utility" / "none__s0.json").read_text())
     trials = stored["tuned"]["trials"]
-    assert [t["values"] for t in trials] == [{"model.init_args.lr": 0.0}, {"model.init_args.lr": 0.01}]
-    assert trials[1]["val_accuracy"] > trials[0]["val_accuracy"]  # a model that never moves scores lower
+    assert [t["values"] for t in trials] == [{"model.init_args.lr": 1e-9}, {"model.init_args.lr": 0.01}]
+    assert trials[1]["val_accuracy"] > trials[0]["val_accuracy"]  # a model that barely moves scores lower
     assert stored["tuned"]["chosen"] == {"model.init_args.lr": 0.01}
     assert (tmp_path / "runs" / "utility" / "none__s0__tuning" / "trial_1").is_dir()
     (spec,) = trained  # with the chosen setting, at the utility run's own loop (not the trials')
