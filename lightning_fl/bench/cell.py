@@ -17,9 +17,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_fl.bench.experiment import build_loop, fit_spec, recorded_warnings
+from lightning_fl.bench.experiment import build_loop, fit_loop, recorded_warnings
 
-__all__ = ["IMAGE_METRICS", "METRICS", "failure", "public_data", "run_attacks", "run_utility", "write_atomically"]
+__all__ = [
+    "IMAGE_METRICS",
+    "METRICS",
+    "dp_sgd_history",
+    "failure",
+    "public_data",
+    "run_attacks",
+    "run_utility",
+    "write_atomically",
+]
 
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
 """Attack scores averaged over a cell's attacked events, besides ``exact`` and ``success_rate``."""
@@ -44,8 +53,9 @@ def _per_image(attacks: list[Mapping[str, Any]], metric: str) -> list[float]:
 def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float) -> dict[str, Any]:
     """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only).
 
-    ``images`` holds each attacked image's PSNR, SSIM and LPIPS; ``success_rate`` is the share of attacked images
-    whose reconstruction reaches SSIM ≥ ``success_ssim``.
+    ``images`` holds each attacked image's PSNR, SSIM and LPIPS, ``by_round`` its PSNR and SSIM per attacked round
+    (leakage over training); ``success_rate`` is the share of attacked images whose reconstruction reaches SSIM ≥
+    ``success_ssim``.
     """
     attacks = [a for a in entries if a.get("readable", True)]
     unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
@@ -55,6 +65,10 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
         "success_rate": _mean([float(v >= spec["success_ssim"]) for v in images["ssim"]]),
         "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
         "images": images,
+        "by_round": {
+            str(r): {m: _per_image([a for a in attacks if a.get("round") == r], m) for m in ("psnr", "ssim")}
+            for r in sorted({a.get("round", 0) for a in attacks})
+        },
         "success_ssim": spec["success_ssim"],
         "attacked": len(attacks),
         "unreadable": unreadable,
@@ -74,20 +88,48 @@ def failure(err: BaseException) -> str:
 def run_utility(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     """Train one defence at the utility setting and return its test accuracy, ε and CPU seconds.
 
+    A spec with ``tune`` (a defence's ``tune:`` entry) first picks its settings on the validation split
+    (:func:`~lightning_fl.bench.tuning.tune`, trials in ``<output_dir>__tuning``) and trains with them.
+
     Returns:
         ``test_accuracy``, ``epsilon`` (the last round's; ``None`` without a DP defence), ``rounds`` completed,
-        ``cpu_seconds`` and ``status``.
+        ``dp_sgd_history`` (:func:`dp_sgd_history`), ``tuned`` (the chosen settings and every trial's validation
+        accuracy, or ``None``), ``cpu_seconds`` and ``status``.
     """
     start = time.process_time()
-    summary = fit_spec(spec, output_dir)
+    tuned = None
+    if spec.get("tune"):  # the defence's settings chosen on the validation split first (lightning_fl.bench.tuning)
+        from lightning_fl.bench.tuning import tune
+
+        output_dir = Path(output_dir)
+        tuned = tune(spec, spec["tune"], output_dir.with_name(f"{output_dir.name}__tuning"))
+        spec = tuned.pop("spec")
+    loop, summary = fit_loop(spec, output_dir)
     epsilons = [h["epsilon"] for h in summary["history"] if h.get("epsilon") is not None]
     return {
         "test_accuracy": summary["test_accuracy"],
         "epsilon": epsilons[-1] if epsilons else None,
         "rounds": summary["rounds_completed"],
+        "dp_sgd_history": dp_sgd_history(loop),
+        "tuned": tuned,
         "cpu_seconds": time.process_time() - start,
         "status": "ok",
     }
+
+
+def dp_sgd_history(loop: Any) -> list[list[float]] | None:
+    """The DP-SGD mechanism a run's most-trained client ran (``(noise_multiplier, sample_rate, steps)`` triples of
+    its accountant, the noise multiplier over the whole gradient's clip norm), or ``None`` without a per-client
+    DP-SGD defence (:class:`~lightning_fl.defences.dp.ClientDPSGD`: Fed-CDP, 2DP-FL); what the ReRo bounds of
+    :mod:`lightning_fl.privacy.reconstruction` are computed from."""
+    from lightning_fl.defences.dp import ClientDPSGD
+
+    keys = {d.extra_key for d in loop.defences if isinstance(d, ClientDPSGD)}
+    histories = [c.extra[k]["history"] for c in loop.clients for k in keys if k in c.extra]
+    histories = [h for h in histories if h]
+    if not histories:
+        return None
+    return [[float(s), float(q), int(n)] for s, q, n in max(histories, key=lambda h: sum(n for *_, n in h))]
 
 
 def _leakage(*args: Any, **kwargs: Any) -> Any:
@@ -141,6 +183,7 @@ def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) 
             build_attack(cell_spec, name, int(spec["seed"])),
             leak_point=spec["leak_point"],
             rounds=spec["attack_rounds"],
+            clients=spec.get("clients"),
             max_images=spec["max_images"],
         )
         for name, cell_spec in specs.items()
@@ -175,11 +218,14 @@ def run_attacks(
             load_global_model(loop.global_model, trained)
         summary = loop.fit(overwrite=holds_run(output_dir))  # a cell run again with other settings replaces its run
     share = (time.process_time() - start) / len(specs)
+    released = dp_sgd_history(loop)  # the attacked client's steps, each on a fixed batch that holds its target
+    attacked = [[sigma, 1.0, steps] for sigma, _, steps in released] if released else None
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
         own = [a for a in summary["attacks"] if a["attack"] == name]
         results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share)
         results[name]["prior_only"] = bool(getattr(leakage.attack, "prior_only", False))
+        results[name]["dp_sgd_attacked"] = attacked
     return results
 
 

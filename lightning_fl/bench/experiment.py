@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation import FederatedLoop
 
-__all__ = ["build_loop", "data_options", "fit_config_spec", "fit_spec", "recorded_warnings", "scratch_loop"]
+__all__ = ["build_loop", "data_options", "fit_config_spec", "fit_loop", "fit_spec", "recorded_warnings", "scratch_loop"]
 
 _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
 """The data options the command links into a model's ``init_args`` (when the model accepts them)."""
@@ -170,6 +170,11 @@ def fit_spec(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
     The summary is ``summary.json``'s; ``output_dir`` also gets ``global_model.safetensors`` (as ``lightning-fl
     fit`` writes it) and ``warnings.txt``.
     """
+    return fit_loop(spec, output_dir)[1]
+
+
+def fit_loop(spec: Mapping[str, Any], output_dir: str | Path) -> tuple[FederatedLoop, dict[str, Any]]:
+    """:func:`fit_spec`, returning the trained loop too (its clients' state: a DP accountant's history)."""
     from lightning_fl.federation.export import GLOBAL_MODEL_FILE, save_global_model
     from lightning_fl.federation.run_dir import holds_run, record_written
 
@@ -179,4 +184,4 @@ def fit_spec(spec: Mapping[str, Any], output_dir: str | Path) -> dict[str, Any]:
         summary = loop.fit(overwrite=holds_run(output_dir))  # a cell run again with other settings replaces its run
     save_global_model(loop.global_model, output_dir / GLOBAL_MODEL_FILE)
     record_written(output_dir, GLOBAL_MODEL_FILE)
-    return summary
+    return loop, summary

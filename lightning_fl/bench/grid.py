@@ -32,16 +32,42 @@ __all__ = [
     "apply_only",
     "cells",
     "changes_run",
+    "expand_strengths",
+    "family",
     "fixed_batches",
     "load_settings",
+    "merge",
     "read_mapping",
     "select",
     "server_threat",
+    "set_path",
     "utilities",
+    "utility_rounds",
 ]
 
+_STRENGTH_KEYS = {"key", "values"}
+"""A defence's strength axis: ``key``, a dotted path into its entry (``defences.0.init_args.ratio``; a path
+starting ``init_args.`` is short for ``defences.0.init_args.``), and the ``values`` it takes, one defence each."""
 _REQUIRED = ("data", "model", "loop", "defences", "attacks", "threat_models", "seeds")
-_THREAT_MODEL_KEYS = {"leak_point", "trained", "max_images", "attack_rounds", "data", "model", "loop", "about"}
+_THREAT_MODEL_KEYS = {
+    "leak_point",
+    "trained",
+    "protocol",
+    "clients",
+    "attacks",
+    "max_images",
+    "attack_rounds",
+    "data",
+    "model",
+    "loop",
+    "about",
+}
+"""A threat model: its ``leak_point``; ``protocol``: ``attack`` (default: a short attack run, ``attack_run``) or
+``utility`` (the utility run itself, retrained with the attacks at ``attack_rounds``, by default its first,
+middle and last round: leakage over training, :func:`utility_rounds`); ``trained`` (start from the utility run's
+model); ``clients`` (the client ids attacked, default every selected one); ``attacks`` (the attacks that run under
+it, default all); ``max_images``, ``attack_rounds``, and ``data``/``model``/``loop`` merged over the run's."""
+PROTOCOLS = ("attack", "utility")
 _ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_defences", "model"}
 """An attack entry: the attack, the defences it runs against, and what it changes of its own run: the bundles a
 malicious server applies to the model it ships (``server_defences``, before the defence's own) and the model
@@ -50,12 +76,17 @@ SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 """Grid axes a command line (``--defences a,b``) or an ``only:`` section may trim."""
 
 
-def _merge(base: Any, override: Any) -> Any:
-    """Mappings merge key by key; anything else (lists included) is replaced."""
+def merge(base: Any, override: Any) -> Any:
+    """Mappings merge key by key; anything else (lists included) is replaced.
+
+    Example:
+        >>> merge({"loop": {"num_rounds": 25, "local_epochs": 3}}, {"loop": {"num_rounds": 5}})
+        {'loop': {'num_rounds': 5, 'local_epochs': 3}}
+    """
     if isinstance(base, Mapping) and isinstance(override, Mapping):
         merged = dict(base)
         for key, value in override.items():
-            merged[key] = _merge(base[key], value) if key in base else copy.deepcopy(value)
+            merged[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
         return merged
     return copy.deepcopy(override)
 
@@ -71,13 +102,24 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
         [2]
     """
     known = settings[axis]
-    unknown = [k for k in keep if k not in known]
+    names = {k: [k] for k in known} if axis != "defences" else _by_family(known)
+    unknown = [k for k in keep if k not in known and k not in names]
     if unknown or not keep:
         raise ValueError(
-            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(known)}."
+            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(names)}."
         )
-    chosen = list(keep) if axis == "seeds" else {name: known[name] for name in keep}
-    return {**settings, axis: chosen}
+    if axis == "seeds":
+        return {**settings, axis: list(keep)}
+    chosen = [name for k in keep for name in (names.get(k) or [k])]  # a family keeps all its strengths
+    return {**settings, axis: {name: known[name] for name in chosen}}
+
+
+def _by_family(defences: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Defence names by family: a defence with a strength axis (expanded) is selected by its family's name too."""
+    families: dict[str, list[str]] = {}
+    for name, entry in defences.items():
+        families.setdefault((entry or {}).get("family", name), []).append(name)
+    return families
 
 
 def apply_only(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,8 +165,8 @@ def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, 
         base_path = (path.parent / str(base)).resolve()
         if base_path in seen or base_path == path.resolve():
             raise ValueError(f"bench config {path}: base: {base} leads back to itself; name a config without a cycle.")
-        raw = _merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
-    return _merge(raw, preset) if quick else raw
+        raw = merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
+    return merge(raw, preset) if quick else raw
 
 
 def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
@@ -143,9 +185,18 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     for axis in SELECTABLE:
         if not raw[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")
-    settings = apply_only(raw)
+    settings = expand_strengths(apply_only(raw))
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
+        protocol = (threat or {}).get("protocol", "attack")
+        if protocol not in PROTOCOLS or (protocol == "utility" and threat.get("trained")):
+            raise ValueError(
+                f"threat_models.{name}.protocol={protocol!r}: use one of {list(PROTOCOLS)} (utility: the utility run "
+                "itself, which trains from the start, so not with trained: true)."
+            )
+        unknown_attacks = sorted(set((threat or {}).get("attacks") or []) - set(settings["attacks"]))
+        if unknown_attacks:
+            raise ValueError(f"threat_models.{name}.attacks names {unknown_attacks}, not in attacks.")
         if unknown or not (threat or {}).get("leak_point"):
             raise ValueError(
                 f"threat_models.{name}: {'unknown keys ' + str(unknown) if unknown else 'no leak_point'}; a threat "
@@ -159,6 +210,92 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
         if unknown:
             raise ValueError(f"attacks.{name}.applies_to names {unknown}, not in defences: {sorted(raw['defences'])}.")
     return settings
+
+
+def _strength_label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def set_path(entry: dict[str, Any], path: str, value: Any, where: str) -> dict[str, Any]:
+    """A copy of ``entry`` with ``value`` at the dotted ``path`` (list indices as numbers; missing mappings made;
+    ``init_args.X`` is short for ``defences.0.init_args.X``).
+
+    Example:
+        >>> set_path({"defences": [{"init_args": {"ratio": 0.7}}]}, "init_args.ratio", 0.9, "strength")
+        {'defences': [{'init_args': {'ratio': 0.9}}]}
+
+    Raises:
+        ValueError: naming ``where`` when the path runs through a missing list item or a non-container.
+    """
+    entry = copy.deepcopy(entry)
+    parts = path.split(".")
+    if parts[0] == "init_args":
+        parts = ["defences", "0", *parts]
+    node: Any = entry
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            if last:
+                node[int(part)] = value
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            node = node.setdefault(part, {})
+        else:
+            raise ValueError(
+                f"{where}.key {path!r}: {'.'.join(parts[: i + 1])} is not in the entry; name a path through its "
+                "defences list (defences.0.init_args.ratio) or its model/loop settings."
+            )
+    return entry
+
+
+def expand_strengths(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with every defence that has a ``strength`` axis replaced by one defence per strength value.
+
+    The defence ``pruning: {defences: [...], strength: {key: init_args.ratio, values: [0.5, 0.9]}}`` becomes
+    ``pruning@0.5`` and ``pruning@0.9``, each its entry with the value at ``key`` (:data:`_STRENGTH_KEYS`), its
+    ``family`` (the name an attack's ``applies_to`` and the plots' curves use) and its ``strength`` (key, value).
+    Each is a defence of the grid as any other: its own utility run and attack runs. Expanded settings are left
+    as they are.
+
+    Raises:
+        ValueError: naming the defence whose ``strength`` is malformed.
+
+    Example:
+        >>> axis = {"key": "init_args.ratio", "values": [0.5, 0.9]}
+        >>> entry = {"defences": [{"class_path": "P", "init_args": {"ratio": 0.7}}], "strength": axis}
+        >>> grid = expand_strengths({"defences": {"p": entry}})["defences"]
+        >>> list(grid), grid["p@0.9"]["defences"][0]["init_args"], grid["p@0.9"]["family"]
+        (['p@0.5', 'p@0.9'], {'ratio': 0.9}, 'p')
+    """
+    defences: dict[str, Any] = {}
+    for name, entry in settings["defences"].items():
+        entry = entry or {}
+        axis = entry.get("strength")
+        if axis is None or "family" in entry:
+            defences[name] = entry
+            continue
+        where = f"defences.{name}.strength"
+        values = axis.get("values") if isinstance(axis, Mapping) else None
+        keys = set(axis) if isinstance(axis, Mapping) else set()
+        if keys != _STRENGTH_KEYS or not isinstance(values, list) or not values:
+            raise ValueError(
+                f"{where}: give {{key: <path in the entry, e.g. init_args.ratio>, values: [v1, v2, ...]}}, "
+                f"not {axis!r}."
+            )
+        base = {k: v for k, v in entry.items() if k != "strength"}
+        for value in values:
+            variant = set_path(base, str(axis["key"]), value, where)
+            variant.update(family=name, strength={"key": str(axis["key"]), "value": value})
+            defences[f"{name}@{_strength_label(value)}"] = variant
+    return {**settings, "defences": defences}
+
+
+def family(settings: Mapping[str, Any], defence: str) -> str:
+    """The defence a strength variant belongs to (``pruning`` for ``pruning@0.5``); a defence without an axis is its
+    own family."""
+    return (settings["defences"].get(defence) or {}).get("family", defence)
 
 
 def _defence(settings: Mapping[str, Any], defence: str) -> dict[str, Any]:
@@ -208,11 +345,12 @@ class Utility:
         return {
             "run": f"utility/{self.key}",
             "data": settings["data"],
-            "model": _merge(settings["model"], defence.get("model", {})),
-            "loop": _merge(settings["loop"], defence.get("loop", {})),
+            "model": merge(settings["model"], defence.get("model", {})),
+            "loop": merge(settings["loop"], defence.get("loop", {})),
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
             "seed": self.seed,
+            **({"tune": defence["tune"]} if defence.get("tune") else {}),
         }
 
 
@@ -242,8 +380,10 @@ class Cell:
         ``attack_run``, then the defence's ``loop``, then the threat model's ``data``/``model``/``loop`` and then the
         attack's own ``model``, each merged over the one before; the attack's ``server_defences`` come before the
         defence's bundles (the malicious server changes the model first, the clients' defences act on what it
-        ships), and the defences draw fixed batches (:func:`fixed_batches`). ``run`` names the attack run: shared
-        by the cells of one defence, threat model and seed, unless the attack changes the run.
+        ships), and the defences draw fixed batches (:func:`fixed_batches`). A ``protocol: utility`` threat model
+        skips ``attack_run`` and keeps the defences' own sampling: its run is the utility run, attacked at its
+        ``attack_rounds`` (default :func:`utility_rounds`). ``run`` names the attack run: shared by the cells of one
+        defence, threat model and seed, unless the attack changes the run.
         """
         defence = _defence(settings, self.defence)
         if self.threat_model not in settings["threat_models"]:
@@ -251,27 +391,33 @@ class Cell:
         if self.attack not in settings["attacks"]:
             raise ValueError(f"attack {self.attack!r} is not in the config's attacks: {sorted(settings['attacks'])}.")
         threat = settings["threat_models"][self.threat_model]
-        run = settings.get("attack_run") or {}
-        parts = {k: _merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
-        parts["model"] = _merge(_merge(settings["model"], defence.get("model", {})), run.get("model", {}))
-        parts["loop"] = _merge(parts["loop"], defence.get("loop", {}))
-        parts = {k: _merge(v, threat.get(k, {})) for k, v in parts.items()}
+        utility = threat.get("protocol") == "utility"
+        run = {} if utility else settings.get("attack_run") or {}
+        parts = {k: merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
+        parts["model"] = merge(merge(settings["model"], defence.get("model", {})), run.get("model", {}))
+        parts["loop"] = merge(parts["loop"], defence.get("loop", {}))
+        parts = {k: merge(v, threat.get(k, {})) for k, v in parts.items()}
+        default_rounds = utility_rounds(parts["loop"]) if utility else settings.get("attack_rounds", [0])
         attack = settings["attacks"][self.attack]
-        parts["model"] = _merge(parts["model"], attack.get("model", {}))
+        parts["model"] = merge(parts["model"], attack.get("model", {}))
         trained = bool(threat.get("trained", False))
         run = f"{self.defence}__{self.threat_model}__s{self.seed}"
         return {
             "cell": self.key,
             "run": f"{run}__{self.attack}" if changes_run(attack) else run,
             **parts,
-            "defences": [*attack.get("server_defences", []), *fixed_batches(defence.get("defences", []))],
+            "defences": [
+                *attack.get("server_defences", []),
+                *(defence.get("defences", []) if utility else fixed_batches(defence.get("defences", []))),
+            ],
             "client_callbacks": defence.get("client_callbacks", []),
             "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
             "server": server_threat(attack),
             "threat_model": self.threat_model,
             "leak_point": threat["leak_point"],
             "trained_from": fingerprint(self.utility.spec(settings)) if trained else None,
-            "attack_rounds": threat.get("attack_rounds", settings.get("attack_rounds", [0])),
+            "attack_rounds": threat.get("attack_rounds", default_rounds),
+            "clients": threat.get("clients"),
             "max_images": threat.get("max_images", settings.get("max_images", 1)),
             "success_ssim": settings.get("success_ssim", 0.5),
             "seed": self.seed,
@@ -296,12 +442,27 @@ def server_threat(attack: Mapping[str, Any]) -> str:
 
 def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model: str | None = None) -> bool:
     """Whether ``attack`` runs against ``defence`` (under ``threat_model``): always, unless the attack names the
-    defences it applies to (``applies_to``: model inversion needs a model with private layers), or it changes its
-    run's model and the threat model attacks the utility run's trained one (that model has no such layers)."""
+    defences it applies to (``applies_to``: model inversion needs a model with private layers), the threat model
+    names the attacks that run under it (``attacks``), or the attack changes its run's model and the threat model
+    attacks the utility run's own model (``trained`` or ``protocol: utility``: that model has no such layers)."""
     entry = settings["attacks"][attack]
     allowed = entry.get("applies_to")
-    trained = threat_model is not None and bool((settings["threat_models"][threat_model] or {}).get("trained"))
-    return (allowed is None or defence in allowed) and not (trained and changes_run(entry))
+    threat = (settings["threat_models"][threat_model] or {}) if threat_model is not None else {}
+    own_model = bool(threat.get("trained")) or threat.get("protocol") == "utility"
+    named = allowed is None or defence in allowed or family(settings, defence) in allowed
+    chosen = threat.get("attacks") is None or attack in threat["attacks"]
+    return named and chosen and not (own_model and changes_run(entry))
+
+
+def utility_rounds(loop: Mapping[str, Any]) -> list[int]:
+    """The rounds a ``protocol: utility`` threat model attacks by default: the run's first, middle and last.
+
+    Example:
+        >>> utility_rounds({"num_rounds": 25}), utility_rounds({"num_rounds": 2})
+        ([0, 12, 24], [0, 1])
+    """
+    last = int(loop.get("num_rounds", 1)) - 1
+    return sorted({0, last // 2, last})
 
 
 def utilities(settings: Mapping[str, Any]) -> list[Utility]:

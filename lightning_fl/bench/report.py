@@ -19,13 +19,19 @@ __all__ = [
     "INTERVALS",
     "UNDEFENDED",
     "breaking_attacks",
+    "leakage_by_round",
     "log_to_wandb",
     "pareto_front",
+    "prior_success",
+    "privacy_curves",
     "psnr_text",
     "rank_note",
+    "reconstruction_bounds",
     "summarise",
+    "write_bounds",
     "write_csv",
     "write_heatmap",
+    "write_leakage_by_round",
     "write_markdown",
     "write_scatter",
 ]
@@ -37,6 +43,8 @@ INTERVALS = ("psnr", "ssim", "lpips", "success_rate")
 """Scores given with a 95 % interval, bootstrapped over the attacked images of a row (all its seeds)."""
 COLUMNS = (
     "defence",
+    "family",
+    "strength",
     "attack",
     "threat_model",
     "leak_point",
@@ -48,12 +56,17 @@ COLUMNS = (
     *(f"{v}_{s}" for v in INTERVALS for s in ("low", "high")),
     "psnr_capped",
     "success_ssim",
+    "rero_kappa",
+    "rero_bound",
+    "rero_bound_training",
     "utility_rounds",
     "cpu_seconds",
     "status",
 )
 """``bench.csv``: one row per (defence, attack, threat model). ``test_accuracy`` and ``epsilon``: mean and sample
-std over the defence's utility runs (the same in every row of a defence); ``utility_rounds`` is the fewest rounds one
+std over the defence's utility runs (the same in every row of a defence); ``family`` and ``strength``: the defence
+a strength variant belongs to and its value on the family's strength axis (``pruning@0.5``: ``pruning``, 0.5;
+empty without an axis, :func:`~lightning_fl.bench.grid.expand_strengths`); ``utility_rounds`` is the fewest rounds one
 of them completed. The scores of :data:`INTERVALS`: ``_mean`` over the row's attacked images (``images``, all seeds
 together) with ``_low``/``_high`` the 95 % bootstrap interval (:func:`~lightning_fl.attacks.metrics.bootstrap_interval`,
 2000 resamples, seed 0); ``psnr_mean`` is over the images whose PSNR is measured, ``psnr_capped`` counts those at
@@ -61,7 +74,10 @@ the 100 dB cap (an exact copy). Every score's ``_std``: sample std over seeds of
 attack's threat model of the server, ``honest-but-curious`` (it reads what it receives) or ``malicious`` (it changed
 the model it ships); ``prior_only``: a calibration row that never reads the images (:class:`PriorBaseline`);
 ``exact``: the share of the images behind an attacked update recovered at PSNR ≥ 30 dB; ``success_rate``: share of
-the attacked images at SSIM ≥ ``success_ssim``."""
+the attacked images at SSIM ≥ ``success_ssim``. ``rero_bound``: for a DP-SGD defence, the upper bound on any attack's
+success (Hayes et al., NeurIPS 2023) for the release the attack saw (its steps, each on a batch known to hold the
+target: q = 1), at ``rero_kappa``, the prior's baseline success (:func:`reconstruction_bounds`);
+``rero_bound_training``: the same bound for the whole utility run's DP-SGD (its σ, q, T)."""
 
 UNDEFENDED = "none"
 """The defence name of the undefended row, against which a threat model's attacks are judged."""
@@ -109,7 +125,20 @@ def _intervals(row: dict[str, Any], runs: Sequence[Mapping[str, Any]]) -> None:
         row[f"{metric}_mean"], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
 
 
-def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _by_round(runs: Sequence[Mapping[str, Any]]) -> dict[int, list[float]]:
+    """The SSIM of every image a row's cells attacked, per attacked round, all seeds together."""
+    rounds: dict[int, list[float]] = {}
+    for r in runs:
+        for key, scores in (r.get("by_round") or {}).items():
+            rounds.setdefault(int(key), []).extend(v for v in scores.get("ssim") or [] if math.isfinite(v))
+    return dict(sorted(rounds.items()))
+
+
+def summarise(
+    results: Sequence[Mapping[str, Any]],
+    utility: Mapping[str, Mapping[str, Any]],
+    defences: Mapping[str, Mapping[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
     """Group cell results over seeds: one row per (defence, attack, threat model), in first-seen order, with the
     utility (test accuracy, ε) of the defence's utility runs of the same seeds and the attack scores' means and
     intervals over the attacked images (:data:`COLUMNS`).
@@ -118,6 +147,7 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         results: attack cell entries (``defence``, ``attack``, ``threat_model``, ``seed``, scores, ``images``,
             ``status``).
         utility: utility run entries by key ``<defence>__s<seed>``.
+        defences: the grid's defence entries by name (expanded), for each row's ``family`` and ``strength``.
     """
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for r in results:
@@ -126,6 +156,9 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
     for (defence, attack, threat_model), runs in groups.items():
         trained = [utility.get(f"{defence}__s{r['seed']}", {"status": "missing"}) for r in runs]
         row: dict[str, Any] = {"defence": defence, "attack": attack, "threat_model": threat_model, "seeds": len(runs)}
+        entry = (defences or {}).get(defence) or {}
+        row["family"] = entry.get("family", defence)
+        row["strength"] = (entry.get("strength") or {}).get("value")
         row["leak_point"] = runs[0].get("leak_point")
         row["server"] = runs[0].get("server", "honest-but-curious")
         row["prior_only"] = any(r.get("prior_only") for r in runs)
@@ -135,6 +168,10 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         for value in _ATTACK:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([r.get(value) for r in runs])
         _intervals(row, [r for r in runs if r.get("status", "").startswith("ok")])
+        row["by_round"] = _by_round(runs)
+        row["tuned"] = next((u["tuned"] for u in trained if u.get("tuned")), None)
+        row["dp_sgd_attacked"] = next((r["dp_sgd_attacked"] for r in runs if r.get("dp_sgd_attacked")), None)
+        row["dp_sgd_training"] = next((u["dp_sgd_history"] for u in trained if u.get("dp_sgd_history")), None)
         rounds = [u["rounds"] for u in trained if u.get("rounds") is not None]
         row["utility_rounds"] = min(rounds) if rounds else None
         row["cpu_seconds"] = sum(r.get("cpu_seconds") or 0.0 for r in runs)
@@ -142,6 +179,64 @@ def summarise(results: Sequence[Mapping[str, Any]], utility: Mapping[str, Mappin
         row["status"] = "; ".join(sorted(status))
         rows.append(row)
     return rows
+
+
+def prior_success(rows: Sequence[Mapping[str, Any]], threat_model: str) -> float | None:
+    """The prior's baseline success κ under ``threat_model``: the 95 % Clopper–Pearson upper limit of the best
+    prior-only row's success (k of n images at the success bar), or ``None`` without a prior-only row.
+
+    A guess never reads the update, so its success estimates κ of the ReRo bound; the bench's guesses are two of
+    many, so a better guess could score higher (the bound then rises with it).
+
+    Example:
+        >>> rows = [{"threat_model": "t", "prior_only": True, "success_rate_mean": 0.0, "images": 20}]
+        >>> round(prior_success(rows, "t"), 3)
+        0.168
+    """
+    from scipy.stats import beta
+
+    priors = [r for r in rows if r["threat_model"] == threat_model and r.get("prior_only") and r.get("images")]
+    if not priors:
+        return None
+    best = max(priors, key=lambda r: r.get("success_rate_mean") or 0.0)
+    n = int(best["images"])
+    k = round((best.get("success_rate_mean") or 0.0) * n)
+    return 1.0 if k >= n else float(beta.ppf(0.975, k + 1, n - k))
+
+
+def reconstruction_bounds(rows: list[dict[str, Any]], *, kappa: float | None = None) -> None:
+    """Put the ReRo bounds (:mod:`lightning_fl.privacy.reconstruction`) into each DP-SGD row of ``rows``:
+    ``rero_bound`` for the release its attack saw, ``rero_bound_training`` for its utility run, both at ``kappa``
+    (a bench config's ``rero_kappa``: the baseline of a prior the user names) or else at the threat model's
+    estimate (:func:`prior_success`); rows without a DP-SGD mechanism, or without κ, get ``None``.
+
+    Raises:
+        ValueError: naming ``rero_kappa`` when it is not in [0, 1].
+    """
+    if kappa is not None and not 0.0 <= kappa <= 1.0:
+        raise ValueError(f"rero_kappa={kappa}: the prior's baseline success probability lies in [0, 1].")
+    from lightning_fl.privacy.reconstruction import rero_dp_sgd, rero_gaussian
+
+    def bound(kappa: float, history: Sequence[Sequence[float]]) -> float:
+        if all(q == 1.0 for _, q, _ in history):  # no subsampling: the closed form
+            return rero_gaussian(kappa, math.sqrt(sum(n / s**2 for s, _, n in history)))
+        return rero_dp_sgd(kappa, [(s, q, int(n)) for s, q, n in history], samples=20_000)
+
+    threat_models = dict.fromkeys(r["threat_model"] for r in rows)
+    kappas = {t: kappa if kappa is not None else prior_success(rows, t) for t in threat_models}
+    cache: dict[tuple[float, str], float] = {}
+    for row in rows:
+        row["rero_kappa"] = kappas[row["threat_model"]] if row.get("dp_sgd_attacked") else None
+        sources = (("rero_bound", row.get("dp_sgd_attacked")), ("rero_bound_training", row.get("dp_sgd_training")))
+        for column, history in sources:
+            at = kappas[row["threat_model"]]
+            if at is None or not history or row.get("prior_only"):
+                row[column] = None
+                continue
+            key = (at, repr(history))
+            if key not in cache:
+                cache[key] = bound(at, history)
+            row[column] = cache[key]
 
 
 def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]] | None:
@@ -257,15 +352,16 @@ def write_markdown(
     (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note`, with the
     command that made them."""
     lines = [f"Made by `{command}`" + (f" ({title})." if title else "."), ""]
-    lines += ["| defence | test acc. | ε | rounds |", "|---|---|---|---|"]
+    lines += ["| defence | strength | test acc. | ε | rounds |", "|---|---|---|---|---|"]
     for defence in dict.fromkeys(r["defence"] for r in rows):
         r = next(r for r in rows if r["defence"] == defence)
         lines.append(
-            f"| {defence} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
+            f"| {_family(r)} | {_strength(r)} | {_cell(r, 'test_accuracy', 3)} | {_epsilon(r, epsilon_bound)} | "
             f"{r['utility_rounds'] if r['utility_rounds'] is not None else '–'} |"
         )
-    header = "| defence | attack | server | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact | success "
-    header += "| images | status |"
+    lines += _tuning_lines(rows)
+    header = "| defence | attack | server | strength | test acc. | ε | PSNR (dB) | SSIM | LPIPS | label acc. | exact "
+    header += "| success | images | status |"
     for threat_model in dict.fromkeys(r["threat_model"] for r in rows):
         chosen = [r for r in rows if r["threat_model"] == threat_model]
         lines += [
@@ -275,15 +371,18 @@ def write_markdown(
             rank_note(rows, threat_model),
             "",
             header,
-            "|" + "---|" * 13,
+            "|" + "---|" * 14,
         ]
         for r in chosen:
             values = [_cell(r, "test_accuracy", 3), _epsilon(r, epsilon_bound), psnr_text(r)]
             values += [_cell(r, v, d) for v, d in (("ssim", 3), ("lpips", 3), ("label_accuracy", 2))]
             values += [_cell(r, "exact", 2), _cell(r, "success_rate", 2), str(r.get("images", "–")), r["status"]]
             lines.append(
-                f"| {r['defence']} | {_attack_label(r, server=False)} | {r['server']} | " + " | ".join(values) + " |"
+                f"| {_family(r)} | {_attack_label(r, server=False)} | {r['server']} | {_strength(r)} | "
+                + " | ".join(values)
+                + " |"
             )
+        lines += _bound_lines(rows, threat_model)
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
@@ -301,6 +400,48 @@ def write_markdown(
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _family(row: Mapping[str, Any]) -> str:
+    """The defence a row's strength variant belongs to (the row's defence when it has no strength axis)."""
+    return row.get("family") or row["defence"]
+
+
+def _tuning_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Under the utility table: the settings each tuned defence chose on the validation split (seed 0's)."""
+    lines = []
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        tuned = next(r for r in rows if r["defence"] == defence).get("tuned")
+        if tuned:
+            best = max(t["val_accuracy"] for t in tuned["trials"])
+            chosen = ", ".join(f"{k} = {v}" for k, v in tuned["chosen"].items())
+            lines.append(f"- {defence}: {chosen} (validation accuracy {best:.3f}, best of {len(tuned['trials'])})")
+    return ["", "Tuned on the clients' validation split (`tune:`), never the test set:", *lines] if lines else []
+
+
+def _bound_lines(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
+    """The DP-SGD points of a threat model's table with their ReRo bounds, one line each (none without)."""
+    best = _bounded(rows, threat_model)
+    if not best:
+        return []
+    kappa = best[0]["rero_kappa"]
+    lines = ["", f"ReRo bounds (Hayes et al., 2023) at κ = {kappa:.3f} (the prior's success, upper 95 %):"]
+    for r in best:
+        training = r.get("rero_bound_training")
+        lines.append(
+            f"- {_family(r)} {_strength(r)}: {r['attack']} succeeds on {_cell(r, 'success_rate', 2)} of the images; "
+            f"no attack can exceed {r['rero_bound']:.3f} on the release it saw"
+            + (f", {training:.3f} on the utility run's whole DP-SGD" if training is not None else "")
+            + ("" if r["success_rate_mean"] <= r["rero_bound"] else " (**measured above the bound: check κ**)")
+            + "."
+        )
+    return lines
+
+
+def _strength(row: Mapping[str, Any]) -> str:
+    """A row's value on its defence's strength axis, "–" for a defence without one."""
+    value = row.get("strength")
+    return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _attack_label(row: Mapping[str, Any], *, server: bool = True) -> str:
@@ -341,6 +482,8 @@ FIGURE_WIDTH = 16.0
 """Inches; at :data:`_DPI` every figure is 1600 px wide, two panels a line at most."""
 _DPI = 100
 _FONT = 10
+_CURVE_COLOURS = tuple(f"C{k}" for k in range(10) if k != 3)
+"""One colour per defence curve; not C3 (red), which marks ε above the bound and the success bar."""
 
 
 def _figure(width: float, height: float) -> Any:
@@ -383,6 +526,25 @@ def _error(row: Mapping[str, Any], value: str) -> list[list[float]]:
     return [[mean - low if low is not None else 0.0], [high - mean if high is not None else 0.0]]
 
 
+def privacy_curves(rows: Sequence[Mapping[str, Any]], threat_model: str) -> dict[str, list[Mapping[str, Any]]]:
+    """The points of :func:`write_scatter`'s panel for ``threat_model``: per defence family, the row of the strongest
+    attack on each of its strengths (highest mean SSIM, prior-only rows excluded), ordered along the strength axis;
+    a defence without an axis is a family of one point.
+
+    Example:
+        >>> rows = [{"defence": f"p@{v}", "family": "p", "strength": v, "threat_model": "t", "attack": "ig",
+        ...          "ssim_mean": 1 - v, "test_accuracy_mean": 0.9} for v in (0.9, 0.5)]
+        >>> [r["strength"] for r in privacy_curves(rows, "t")["p"]]
+        [0.5, 0.9]
+    """
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for r in _strongest(rows, threat_model):
+        families.setdefault(_family(r), []).append(r)
+    for points in families.values():
+        points.sort(key=lambda r: (str(type(r.get("strength"))), r.get("strength") or 0))
+    return families
+
+
 def _privacy_panel(
     ax: Any, rows: Sequence[Mapping[str, Any]], threat_model: str, epsilon_bound: float
 ) -> list[Mapping[str, Any]]:
@@ -397,22 +559,42 @@ def _privacy_panel(
             fontsize=_FONT - 2,
             color="0.3",
         )
-    best = _strongest(rows, threat_model)
+    curves = privacy_curves(rows, threat_model)
+    best = [r for points in curves.values() for r in points]
     points = [(r["ssim_mean"], r["test_accuracy_mean"]) for r in best]
     broken = breaking_attacks(rows, threat_model)
     front = pareto_front(points) if broken else []  # no front over attacks that failed on the undefended model
+    families: dict[str, list[int]] = {}  # indices into best, per curve
     for i, r in enumerate(best):
-        warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
-        ax.errorbar(
-            *points[i],
-            xerr=_error(r, "ssim"),
-            yerr=r["test_accuracy_std"] or 0.0,
-            marker="o",
-            color="tab:red" if warn else "tab:blue",
-            linestyle="none",
-            capsize=3,
-            markerfacecolor="white" if i not in front else None,
-        )
+        families.setdefault(_family(r), []).append(i)
+    colours = [_CURVE_COLOURS[k % len(_CURVE_COLOURS)] for k in range(len(families))]
+    for colour, indices in zip(colours, families.values(), strict=True):
+        if len(indices) > 1:  # a defence swept over its strength: one curve, one point per strength
+            ax.plot(*zip(*(points[i] for i in indices), strict=True), "-", color=colour, lw=1.2, alpha=0.8)
+        for i in indices:
+            r = best[i]
+            warn = r["epsilon_mean"] is not None and r["epsilon_mean"] > epsilon_bound
+            ax.errorbar(
+                *points[i],
+                xerr=_error(r, "ssim"),
+                yerr=r["test_accuracy_std"] or 0.0,
+                marker="o",
+                color=colour,
+                markeredgecolor="tab:red" if warn else colour,
+                linestyle="none",
+                capsize=3,
+                markerfacecolor="white" if i not in front else None,
+            )
+            if r.get("strength") is not None:  # the point's strength (and ε) beside it
+                text = _strength(r) + (f", ε={r['epsilon_mean']:.3g}" if r["epsilon_mean"] is not None else "")
+                ax.annotate(
+                    text + (" ⚠" if warn else ""),
+                    xy=points[i],
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    fontsize=_FONT - 3,
+                    color=colour,
+                )
     if len(front) > 1:
         ax.plot(*zip(*(points[i] for i in front), strict=True), "--", color="grey", label="Pareto front")
     bar = _success_bar(rows)
@@ -425,20 +607,26 @@ def _privacy_panel(
     if broken is None or not broken:  # said where the eye starts, in the panel's title
         heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
     ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred")
-    order = sorted(range(len(best)), key=lambda i: points[i][1])
-    heights = _spread([points[i][1] for i in order], gap=0.075, low=0.0, high=1.0)
-    for i, height in zip(order, heights, strict=True):
-        r = best[i]
-        label = f"{r['defence']} ({_attack_label(r)})"
-        if r["epsilon_mean"] is not None:
+    anchors = [max(indices, key=lambda i: points[i][1]) for indices in families.values()]  # a label per defence
+    order = sorted(range(len(anchors)), key=lambda k: points[anchors[k]][1])
+    heights = _spread([points[anchors[k]][1] for k in order], gap=0.075, low=0.0, high=1.0)
+    for k, height in zip(order, heights, strict=True):
+        indices = list(families.values())[k]
+        r = best[anchors[k]]
+        attacks = ", ".join(dict.fromkeys(_attack_label(best[i]) for i in indices))
+        label = f"{_family(r)} ({attacks})"
+        if len(indices) == 1 and r["epsilon_mean"] is not None and r.get("strength") is None:
             label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
+        if len(indices) > 1:
+            label += f", {len(indices)} strengths"
         ax.annotate(
             label,
-            xy=points[i],
+            xy=points[anchors[k]],
             xytext=(1.02, height),
             textcoords=("axes fraction", "data"),
             fontsize=_FONT - 1.5,
             va="center",
+            color=colours[k],
             arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6},
         )
     ax.set_xlabel("SSIM of the strongest attack (95 % interval over images)", fontsize=_FONT)
@@ -457,7 +645,9 @@ def write_scatter(
 ) -> Path:
     """Privacy–utility panels, one per threat model (two a line, 1600 px wide): each defence's test accuracy (its
     utility run; error bar: std over seeds) against the SSIM of the strongest attack on it under that threat model
-    (error bar: its 95 % interval over images).
+    (error bar: its 95 % interval over images). A defence swept over its strength
+    (:func:`~lightning_fl.bench.grid.expand_strengths`) is one curve of one colour, a point per strength, each
+    labelled with its strength and ε; the Pareto front runs over all points of all curves.
 
     Up and to the left is better (high accuracy, poor reconstructions). Each panel draws the success bar
     (``success_ssim``) and the guessing level (the best prior-only row) on the privacy axis. Where an attack breaks
@@ -471,7 +661,128 @@ def write_scatter(
     for ax, threat_model in zip(axes, threat_models, strict=True):
         _privacy_panel(ax, rows, threat_model, epsilon_bound)
     head = f"privacy–utility per threat model{': ' + title if title else ''}"
-    fig.suptitle(f"{head}\nfilled: Pareto front; red ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
+    fig.suptitle(f"{head}\nfilled: Pareto front; red edge ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _bounded(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]]:
+    """Per DP-SGD defence with a bound under ``threat_model``, its row of the attack with the highest success."""
+    best = []
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+        scored = [r for r in scored if not r.get("prior_only") and r.get("rero_bound") is not None]
+        scored = [r for r in scored if r.get("success_rate_mean") is not None]
+        if scored:
+            best.append(max(scored, key=lambda r: r["success_rate_mean"]))
+    return best
+
+
+def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
+    """The measured attack success of every DP-SGD point beside its ReRo upper bound (``reconstruction_bound.png``),
+    one panel per threat model (two a line, 1600 px wide), or ``None`` when no row has a bound.
+
+    Per point: the success of the strongest attack (share of images at the success bar; bar: 95 % interval over
+    images), the bound for the release that attack saw (▼; the measurement must lie under it) and the bound for the
+    utility run's whole DP-SGD (×), both at the threat model's κ (:func:`prior_success`, dotted line).
+    """
+    threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if _bounded(rows, t)]
+    if not threat_models:
+        return None
+    fig, axes = _panels(len(threat_models), 4.6)
+    for ax, threat_model in zip(axes, threat_models, strict=True):
+        best = _bounded(rows, threat_model)
+        xs = range(len(best))
+        for x, r in zip(xs, best, strict=True):
+            first = x == 0  # one legend entry per kind
+            ax.errorbar(
+                x,
+                r["success_rate_mean"],
+                yerr=_error(r, "success_rate"),
+                marker="o",
+                color="tab:blue",
+                capsize=3,
+                label="measured (strongest attack)" if first else None,
+            )
+            label = "ReRo bound, attacked release" if first else None
+            ax.plot(x, r["rero_bound"], "v", color="black", ms=9, label=label)
+            if r.get("rero_bound_training") is not None:
+                label = "ReRo bound, utility run (σ, q, T)" if first else None
+                ax.plot(x, r["rero_bound_training"], "x", color="0.4", ms=8, label=label)
+            gap = f"{r['rero_bound'] - r['success_rate_mean']:+.2f}"
+            ax.annotate(gap, (x, r["rero_bound"]), xytext=(6, -3), textcoords="offset points", fontsize=_FONT - 2)
+        ax.axhline(best[0]["rero_kappa"], color="0.35", linestyle=":", lw=1.2, label="κ (prior's success, upper 95 %)")
+        ax.set_xlim(-0.5, len(best) - 0.5)
+        labels = [f"{_family(r)}\n{_strength(r)}\n({r['attack']})" for r in best]
+        ax.set_xticks(list(xs), labels, fontsize=_FONT - 2)
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_ylabel(f"attack success (SSIM ≥ {_success_bar(rows)})", fontsize=_FONT)
+        heading = f"threat model {threat_model}: measured vs. upper bound (numbers: bound − measured)"
+        ax.set_title(heading, fontsize=_FONT)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=_FONT - 2, loc="upper right")
+    head = "reconstruction success of DP-SGD points and its ReRo bound (Hayes et al., 2023)"
+    fig.suptitle(f"{head}{': ' + title if title else ''}", fontsize=_FONT + 2)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def leakage_by_round(
+    rows: Sequence[Mapping[str, Any]], threat_model: str
+) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Per defence, the strongest attack's SSIM at each attacked round under ``threat_model``: ``(round, mean, low,
+    high)`` with the 95 % bootstrap interval over the round's images; only defences attacked at two rounds or more.
+
+    The strongest attack is the one with the highest mean SSIM over all rounds (prior-only rows excluded).
+
+    Example:
+        >>> row = {"defence": "none", "threat_model": "t", "attack": "ig", "ssim_mean": 0.5,
+        ...        "by_round": {0: [0.9, 0.9], 24: [0.2, 0.2]}}
+        >>> [(r, round(m, 2)) for r, m, _, _ in leakage_by_round([row], "t")["none"]]
+        [(0, 0.9), (24, 0.2)]
+    """
+    from lightning_fl.attacks.metrics import bootstrap_interval
+
+    lines = {}
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+        scored = [r for r in scored if not r.get("prior_only") and len(r.get("by_round") or {}) > 1]
+        if scored:
+            best = max(scored, key=lambda r: r.get("ssim_mean") or 0.0)
+            points = [(k, v) for k, v in best["by_round"].items() if v]
+            lines[defence] = [(k, *bootstrap_interval(v, resamples=_RESAMPLES)) for k, v in points]
+    return lines
+
+
+def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
+    """Attack SSIM against the training round (``leakage_by_round.png``), one panel per threat model that attacks
+    two rounds or more (a ``protocol: utility`` threat model: the utility run's own updates), one line per defence
+    (:func:`leakage_by_round`, band: 95 % interval over images); ``None`` when no threat model does."""
+    threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if leakage_by_round(rows, t)]
+    if not threat_models:
+        return None
+    fig, axes = _panels(len(threat_models), 5.0)
+    families = list(dict.fromkeys(_family(r) for r in rows))
+    for ax, threat_model in zip(axes, threat_models, strict=True):
+        drawn: list[str] = []  # a family's strengths: one colour, one line style each
+        for defence, points in leakage_by_round(rows, threat_model).items():
+            row = next(r for r in rows if r["defence"] == defence)
+            colour = _CURVE_COLOURS[families.index(_family(row)) % len(_CURVE_COLOURS)]
+            style = ("-", "--", ":", "-.")[drawn.count(_family(row)) % 4]
+            drawn.append(_family(row))
+            rounds, means, lows, highs = zip(*points, strict=True)
+            ax.plot(rounds, means, marker="o", linestyle=style, color=colour, label=defence, lw=1.2, ms=4)
+            ax.fill_between(rounds, lows, highs, color=colour, alpha=0.12)
+        bar = _success_bar(rows)
+        if bar is not None:
+            ax.axhline(bar, color="tab:red", linestyle="--", lw=1.2, label=f"success bar: SSIM ≥ {bar:g}")
+        ax.set_title(f"threat model {threat_model}: leakage over training", fontsize=_FONT + 1)
+        ax.set_xlabel("training round (0-based) of the attacked update", fontsize=_FONT)
+        ax.set_ylabel("SSIM of the strongest attack", fontsize=_FONT)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=_FONT - 3, loc="center left", bbox_to_anchor=(1.01, 0.5), ncol=1 + len(ax.lines) // 16)
+    fig.suptitle(f"attack score by training round{': ' + title if title else ''}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
     return path
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
-from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, fingerprint, utilities
+from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
 
 __all__ = ["available_cores", "run_bench", "threads_per_job"]
 
@@ -168,7 +168,7 @@ def run_bench(
         settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
         rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
-    settings = apply_only(settings)
+    settings = expand_strengths(apply_only(settings))
     output_dir = Path(output_dir)
     utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
@@ -246,7 +246,8 @@ def run_bench(
         executor.stop()
         raise
     executor.close()
-    rows = report.summarise([results[c.key] for c in grid if c.key in results], utility)
+    rows = report.summarise([results[c.key] for c in grid if c.key in results], utility, settings["defences"])
+    report.reconstruction_bounds(rows, kappa=settings.get("rero_kappa"))
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))
     seeds = f"seed{'s' if len(settings['seeds']) > 1 else ''} {', '.join(map(str, settings['seeds']))}"
@@ -255,6 +256,11 @@ def run_bench(
         report.write_scatter(rows, output_dir / "privacy_utility.png", epsilon_bound=bound, title=title),
         report.write_heatmap(rows, output_dir / "heatmap.png", title=title),
     ]
+    extra = [
+        report.write_bounds(rows, output_dir / "reconstruction_bound.png", title=title),
+        report.write_leakage_by_round(rows, output_dir / "leakage_by_round.png", title=title),
+    ]
+    pictures += [picture for picture in extra if picture is not None]
     report.write_csv(rows, output_dir / "bench.csv")
     report.write_markdown(rows, output_dir / "bench.md", command=command, epsilon_bound=bound, title=title)
     if wandb_project is not None:

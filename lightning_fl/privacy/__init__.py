@@ -10,6 +10,7 @@ from lightning_fl.privacy.accounting import (
 )
 from lightning_fl.privacy.clipping import clip_per_tensor, clip_state, clip_update, state_norm
 from lightning_fl.privacy.mechanisms import gaussian_noise, laplace_noise
+from lightning_fl.privacy.reconstruction import rero_dp_sgd, rero_gaussian, rero_rdp
 from lightning_fl.privacy.sampling import PoissonBatchSampler, poisson_loader
 from lightning_fl.privacy.schedules import Schedule
 
@@ -28,5 +29,8 @@ __all__ = [
     "gaussian_noise",
     "laplace_noise",
     "poisson_loader",
+    "rero_dp_sgd",
+    "rero_gaussian",
+    "rero_rdp",
     "state_norm",
 ]

@@ -12,7 +12,7 @@ import yaml
 from lightning_fl.attacks import DLGAttack
 from lightning_fl.bench import Utility, cells, load_settings, run_bench, utilities
 from lightning_fl.bench.cell import _scores, run_utility
-from lightning_fl.bench.grid import FIXED_BATCHES
+from lightning_fl.bench.grid import FIXED_BATCHES, family
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
 from lightning_fl.datamodules.datasets import load_dataset
@@ -99,7 +99,7 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert any(t.get("trained") for t in threats.values())
     grid = cells(settings)
     inversion = {(c.defence, c.threat_model) for c in grid if c.attack == "colluding_mi"}  # only private layers
-    assert {d for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"}
+    assert {family(settings, d) for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"}
     assert len(utilities(settings)) == len(settings["defences"])
     full = load_settings("configs/bench_digits.yaml")
     assert len(full["seeds"]) >= 3 and full["loop"] == settings["loop"]  # the same utility runs, more seeds

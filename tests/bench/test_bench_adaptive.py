@@ -7,6 +7,7 @@ import json
 import pytest
 
 from lightning_fl.bench import cells, load_settings, run_bench
+from lightning_fl.bench.grid import family
 from tests.bench.test_bench import MINI
 
 ADAPTIVE = {
@@ -22,12 +23,15 @@ ADAPTIVE = {
 def test_each_adaptive_attack_runs_beside_inverting_gradients_against_its_defence_only(config: str) -> None:
     settings = load_settings(config, quick=True)
     grid = cells(settings)
-    present = {attack: defence for attack, defence in ADAPTIVE.items() if defence in settings["defences"]}
+    families = {family(settings, d) for d in settings["defences"]}  # a defence swept over its strength: all values
+    present = {attack: defence for attack, defence in ADAPTIVE.items() if defence in families}
     assert len(present) >= 4 and set(present) <= set(settings["attacks"])
     for attack, defence in present.items():
-        assert {c.defence for c in grid if c.attack == attack} == {defence}
-        beside = {(c.threat_model, c.seed) for c in grid if c.attack == "ig" and c.defence == defence}
-        assert {(c.threat_model, c.seed) for c in grid if c.attack == attack} == beside
+        assert {family(settings, c.defence) for c in grid if c.attack == attack} == {defence}
+        named = {t for t, threat in settings["threat_models"].items() if attack not in threat.get("attacks", [attack])}
+        beside = {(c.defence, c.threat_model, c.seed) for c in grid if c.attack == "ig" and c.threat_model not in named}
+        attacked = {(c.defence, c.threat_model, c.seed) for c in grid if c.attack == attack}
+        assert attacked == {b for b in beside if family(settings, b[0]) == defence}
     threat = settings["threat_models"]["aggregate_k4"]
     assert threat["leak_point"] == "aggregate" and threat["loop"]["clients_per_round"] == 4
     assert threat["max_images"] == 4 * threat["data"]["batch_size"]  # the K x B images behind the aggregate

@@ -1,0 +1,57 @@
+"""Leakage over training (issue 31, item 4): a threat model that attacks the utility run's own updates by round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_fl.bench import Cell, load_settings, run_bench
+from lightning_fl.bench.report import leakage_by_round
+from tests.bench.test_strength_axis import TINY
+
+_OVER_TRAINING = {"leak_point": "client_update", "protocol": "utility", "max_images": 8}
+
+
+def test_the_utility_protocol_attacks_the_utility_runs_own_updates_at_its_first_middle_and_last_round(
+    tmp_path,
+) -> None:
+    grid = {
+        **TINY,
+        "data": {**TINY["data"], "batch_size": 4},
+        "loop": {**TINY["loop"], "num_rounds": 3},
+        "threat_models": {"over_training": _OVER_TRAINING},
+        "defences": {"none": {}, "pruning": {"defences": [TINY["defences"]["pruning"]["defences"][0]]}},
+    }
+    spec = Cell("none", "dlg", "over_training", 0).spec(grid)
+    assert spec["attack_rounds"] == [0, 1, 2] and spec["model"]["init_args"]["optimizer"] == "adam"  # not attack_run
+    assert spec["loop"]["local_steps"] == 2 and spec["data"]["batch_size"] == 4  # the utility run's protocol
+    rows = run_bench(grid, tmp_path, print_=lambda _: None)
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    for defence in ("none", "pruning"):  # the attacked run is the utility run: the same training, the same model
+        utility = json.loads((tmp_path / "runs" / "utility" / f"{defence}__s0" / "summary.json").read_text())
+        attacked = json.loads((tmp_path / "runs" / f"{defence}__over_training__s0" / "summary.json").read_text())
+        assert attacked["test_accuracy"] == utility["test_accuracy"]
+        assert sorted({a["round"] for a in attacked["attacks"]}) == [0, 1, 2]
+        assert {a["ground_truth_size"] for a in attacked["attacks"]} == {8}  # 2 local steps of 4 images
+    lines = leakage_by_round(rows, "over_training")
+    assert set(lines) == {"none", "pruning"} and [p[0] for p in lines["none"]] == [0, 1, 2]
+    assert all(low <= mean <= high for _, mean, low, high in lines["none"])
+    assert (tmp_path / "leakage_by_round.png").exists()
+
+
+def test_the_digits_preset_has_a_leakage_over_training_threat_model() -> None:
+    settings = load_settings("configs/bench_digits.yaml", quick=True)
+    over = [name for name, t in settings["threat_models"].items() if t.get("protocol") == "utility"]
+    assert len(over) == 1
+    spec = Cell("none", "ig", over[0], 0).spec(settings)
+    assert spec["attack_rounds"] == [0, 12, 24] and spec["loop"]["local_epochs"] == 3
+    assert spec["data"]["batch_size"] == 32 and spec["model"]["init_args"]["optimizer"] == "adam"
+
+
+@pytest.mark.parametrize(("threat", "match"), [({"protocol": "replay"}, "protocol"), ({"attacks": ["nope"]}, "nope")])
+def test_a_bad_protocol_or_attack_list_is_refused(tmp_path, threat, match) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(json.dumps({**TINY, "threat_models": {"t": {"leak_point": "client_update", **threat}}}))
+    with pytest.raises(ValueError, match=match):
+        load_settings(config)

@@ -1,0 +1,81 @@
+"""A defence swept over its strength (issue 31, item 1): one utility run and attack run per value, one curve."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from lightning_fl.bench import cells, expand_strengths, load_settings, run_bench, utilities
+from lightning_fl.bench.grid import select
+from lightning_fl.bench.report import privacy_curves
+
+_PRUNING = {"class_path": "lightning_fl.defences.GradientPruning", "init_args": {"ratio": 0.7}}
+TINY = {
+    "seeds": [0],
+    "data": {"dataset": "digits", "num_clients": 4, "partition": "iid", "batch_size": 16, "image_size": 16},
+    "model": {
+        "class_path": "lightning_fl.models.ImageClassifier",
+        "init_args": {"backbone": "lenet_dlg", "optimizer": "adam", "lr": 0.002},
+    },
+    "loop": {"num_rounds": 1, "clients_per_round": 2, "local_steps": 2, "trainer": {"accelerator": "cpu"}},
+    "attack_run": {
+        "model": {"init_args": {"optimizer": "sgd", "lr": 0.1}},
+        "loop": {"num_rounds": 1, "clients_per_round": 1, "local_steps": 1, "eval_every": 0},
+    },
+    "threat_models": {"fedsgd_b1": {"leak_point": "client_update", "data": {"batch_size": 1}}},
+    "attacks": {"dlg": {"class_path": "lightning_fl.attacks.DLGAttack", "init_args": {"max_iterations": 30}}},
+    "defences": {
+        "none": {},
+        "pruning": {"defences": [_PRUNING], "strength": {"key": "init_args.ratio", "values": [0.2, 0.999]}},
+    },
+}
+
+
+def test_a_two_value_strength_axis_gives_a_utility_run_and_rows_per_value_and_a_curve_of_two_points(tmp_path) -> None:
+    rows = run_bench(TINY, tmp_path, print_=lambda _: None)
+    assert [(r["defence"], r["family"], r["strength"]) for r in rows] == [
+        ("none", "none", None),
+        ("pruning@0.2", "pruning", 0.2),
+        ("pruning@0.999", "pruning", 0.999),
+    ]
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    for value in ("0.2", "0.999"):  # each strength trained and attacked at its own value
+        assert (tmp_path / "utility" / f"pruning@{value}__s0.json").exists()
+    curve = privacy_curves(rows, "fedsgd_b1")
+    assert [r["strength"] for r in curve["pruning"]] == [0.2, 0.999] and len(curve["none"]) == 1
+    weak, strong = curve["pruning"]  # the effect is real: pruning 99.9 % of the update leaves little to invert
+    assert strong["ssim_mean"] < weak["ssim_mean"]
+    table = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    assert [t["strength"] for t in table] == ["", "0.2", "0.999"]
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| pruning | 0.999 |" in markdown and "| strength |" in markdown
+    assert (tmp_path / "privacy_utility.png").stat().st_size > 0
+
+
+def test_a_strength_axis_expands_selects_by_family_and_applies_to_its_family(tmp_path) -> None:
+    only_pruning = {"class_path": "x.Y", "applies_to": ["pruning"]}
+    grid = expand_strengths({**TINY, "attacks": {**TINY["attacks"], "ig": only_pruning}})
+    assert list(grid["defences"]) == ["none", "pruning@0.2", "pruning@0.999"]
+    assert grid["defences"]["pruning@0.999"]["defences"][0]["init_args"] == {"ratio": 0.999}
+    assert expand_strengths(grid) == grid  # expanded settings stay as they are
+    assert {c.defence for c in cells(grid) if c.attack == "ig"} == {"pruning@0.2", "pruning@0.999"}
+    assert list(select(grid, "defences", ["pruning"])["defences"]) == ["pruning@0.2", "pruning@0.999"]
+    assert len(utilities(grid)) == 3
+    config = tmp_path / "bench.yaml"
+    config.write_text("base: " + str((tmp_path.cwd() / "configs" / "bench_digits.yaml").resolve()) + "\n")
+    quick = load_settings(config, quick=True)
+    families: dict[str, int] = {}
+    for entry in quick["defences"].values():
+        families[entry.get("family", "")] = families.get(entry.get("family", ""), 0) + 1
+    assert min(n for f, n in families.items() if f) >= 3  # the quick preset's swept defences: >= 3 strengths
+
+
+@pytest.mark.parametrize(
+    ("axis", "fix"),
+    [({"key": "init_args.ratio"}, "values"), ({"key": "defences.3.init_args.ratio", "values": [0.5]}, "defences.3")],
+)
+def test_a_malformed_strength_axis_is_refused_naming_the_defence(axis, fix) -> None:
+    grid = {**TINY, "defences": {"pruning": {"defences": [_PRUNING], "strength": axis}}}
+    with pytest.raises(ValueError, match=f"defences.pruning.strength.*{fix}"):
+        expand_strengths(grid)
