@@ -30,7 +30,6 @@ from lightning_fl.defences import __all__ as _defences
 from lightning_fl.federation.export import load_global_model, save_global_model
 from lightning_fl.federation.failures import ClientFailure, ServerSideError
 from lightning_fl.federation.loop import FederatedLoop
-from lightning_fl.federation.view import FederationView
 from lightning_fl.flower import FlowerFederation
 from lightning_fl.messages import LEAK_POINTS, ClientUpdate, GroundTruth, LeakPoint, ServerView
 from lightning_fl.models import *  # noqa: F403
@@ -41,6 +40,7 @@ from lightning_fl.private import mark_private, private_state, public_state
 from lightning_fl.server import *  # noqa: F403
 from lightning_fl.server import __all__ as _server
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+from lightning_fl.view import FederationView
 
 __version__ = "0.1.0"
 
