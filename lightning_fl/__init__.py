@@ -39,7 +39,13 @@ from lightning_fl.privacy import __all__ as _privacy
 from lightning_fl.private import mark_private, private_state, public_state
 from lightning_fl.server import *  # noqa: F403
 from lightning_fl.server import __all__ as _server
-from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+from lightning_fl.transforms import (
+    BroadcastTransform,
+    ClientTransform,
+    ServerPlugin,
+    ServerTransform,
+    apply_server_plugins,
+)
 from lightning_fl.view import FederationView
 
 __version__ = "0.1.0"
@@ -61,9 +67,11 @@ __all__ = [
     "LeakPoint",
     "RoundContext",
     "ServerSideError",
+    "ServerPlugin",
     "ServerTransform",
     "ServerView",
     "SetupContext",
+    "apply_server_plugins",
     "derive_seed",
     "load_global_model",
     "mark_private",
