@@ -126,7 +126,7 @@ def test_server_reimposes_the_imprint_and_the_attack_reads_both_leak_points(
     summary = loop.fit()
     assert any(k.startswith("imprint.bins") for k in loop.spec.update_keys)  # the block is public: it is shipped
     assert not torch.equal(loop.global_model.imprint.bins.bias, imprint.block.malicious["bins.bias"])  # FedAvg moved it
-    sent = imprint.parts().broadcast_transforms[0](dict(loop.global_public_state()), ctx=loop.round_context())
+    sent = imprint.broadcast_transforms()[0](dict(loop.global_public_state()), ctx=loop.round_context())
     assert torch.equal(sent["imprint.bins.bias"], imprint.block.malicious["bins.bias"])
     entries = {e["leak_point"]: e for e in json.loads((tmp_path / "summary.json").read_text())["attacks"]}
     assert entries["local_gradient"]["recovered"] >= 6  # one step of 8 images
