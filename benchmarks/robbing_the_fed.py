@@ -3,7 +3,7 @@
 ``--part batch``: one client's gradient of B images (FedSGD) or its update of T local SGD steps of B images each
 (FedAvg, B x T images behind it), on 32x32 digits (bins on a random direction) and photo tiles (bins on the mean
 brightness); the server's feature statistics come from the test split. ``--part defences``: 1-round federated
-runs of B = 64 digits per client, one local step, with the malicious server first in ``defences`` and the attack
+runs of B = 64 digits per client, one local step, with the malicious server in ``server_plugins`` and the attack
 as a ``GradientLeakage`` callback at ``client_update``; the secure-aggregation row attacks the aggregate of K
 clients, which is what secure aggregation hands the server.
 
@@ -30,8 +30,8 @@ from lightning_fl.attacks.standalone import client_view
 from lightning_fl.bench import build_loop
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import apply_defences
 from lightning_fl.models import ImageClassifier
+from lightning_fl.transforms import apply_server_plugins
 
 VICTIM = {"backbone": "lenet_dlg", "optimizer": "sgd"}
 """The victim every row attacks: the sigmoid LeNet classifier, trained by SGD (``lr`` from the settings)."""
@@ -70,7 +70,7 @@ def batch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 shares = []
                 for seed in args.seeds:
                     torch.manual_seed(seed)
-                    model = apply_defences(
+                    model = apply_server_plugins(
                         victim(dm, args.lr), [server_imprint(dm, feature=feature, num_bins=args.num_bins)]
                     )
                     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[: batch * steps]
@@ -99,10 +99,8 @@ def defence_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             "seed": 0,
             "data": data,
             "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": {**VICTIM, "lr": args.lr}},
-            "defences": [
-                server_imprint(server_data, feature="random", num_bins=args.num_bins, gain=gain),
-                *setting.get("defences", []),
-            ],
+            "server_plugins": [server_imprint(server_data, feature="random", num_bins=args.num_bins, gain=gain)],
+            "defences": setting.get("defences", []),
             "loop": {
                 "num_rounds": 1,
                 "clients_per_round": clients,

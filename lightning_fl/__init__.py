@@ -27,11 +27,14 @@ _NAMED = {
     "ClientFailure": "lightning_fl.federation.failures",
     "ServerSideError": "lightning_fl.federation.failures",
     "FederatedLoop": "lightning_fl.federation.loop",
-    "FederationView": "lightning_fl.federation.view",
+    "FederationView": "lightning_fl.view",
     "FlowerFederation": "lightning_fl.flower",
     **dict.fromkeys(["LEAK_POINTS", "ClientUpdate", "GroundTruth", "LeakPoint", "ServerView"], "lightning_fl.messages"),
     **dict.fromkeys(["mark_private", "private_state", "public_state"], "lightning_fl.private"),
-    **dict.fromkeys(["BroadcastTransform", "ClientTransform", "ServerTransform"], "lightning_fl.transforms"),
+    **dict.fromkeys(
+        ["BroadcastTransform", "ClientTransform", "ServerPlugin", "ServerTransform", "apply_server_plugins"],
+        "lightning_fl.transforms",
+    ),
 }
 """Public names defined outside the subpackages below, and the module that defines each."""
 

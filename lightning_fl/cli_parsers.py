@@ -21,6 +21,7 @@ from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE
 from lightning_fl.federation.loop import FederatedLoop
+from lightning_fl.transforms import ServerPlugin
 
 __all__ = ["DESCRIPTION", "SUBCOMMANDS", "ShortHelpFormatter", "build_parser"]
 
@@ -65,6 +66,12 @@ def _common(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--defences", type=list[Defence], default=[], help="Defence bundles applied to the model (and the run)."
     )
+    parser.add_argument(
+        "--server_plugins",
+        type=list[ServerPlugin],
+        default=[],
+        help="What a malicious server changes of the model it ships (applied before the defences).",
+    )
     for key in _DATA_LINKS:
         parser.link_arguments(
             "data", f"model.init_args.{key}", compute_fn=partial(_model_option, key=key), apply_on="instantiate"
@@ -95,7 +102,10 @@ def _fit_parser() -> ArgumentParser:
     parser.add_argument("--resume", type=bool, default=False, help="Continue from the last completed round.")
     _overwrite(parser)
     parser.add_class_arguments(
-        FederatedLoop, "loop", skip={"model", "datamodule", "defences", "output_dir", "seed"}, instantiate=False
+        FederatedLoop,
+        "loop",
+        skip={"model", "datamodule", "defences", "server_plugins", "output_dir", "seed"},
+        instantiate=False,
     )
     # the command stacks plain clients where it pays: the quickstart's history equals the one-by-one fit's to
     # 6e-7 in loss and exactly in accuracy (docs/performance.md, "Vectorised clients")

@@ -3,7 +3,8 @@
 This module builds and runs a subcommand from its parsed config (:mod:`lightning_fl.cli_parsers`); errors become
 one line (:mod:`lightning_fl.cli_errors`) and signals exit codes (:mod:`lightning_fl.cli_signals`). The
 top-level ``defences:`` list (``class_path``/``init_args`` of :class:`~lightning_fl.defences.Defence` bundles)
-applies to any model, after it is built.
+applies to any model, after it is built, and after the ``server_plugins:`` list (what a malicious server changes of
+the model it ships, :class:`~lightning_fl.transforms.ServerPlugin`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lightning_fl.federation.model_contract import check_model_takes_inputs, che
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir, record_written
 from lightning_fl.federation.run_lock import RunLock, launched_rank
 from lightning_fl.federation.workers import check_workers
+from lightning_fl.transforms import apply_server_plugins
 from lightning_fl.validation import (
     check_callback_schedule,
     check_checkpoints_load_safely,
@@ -112,6 +114,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         init.model,
         init.data,
         defences=init.defences,
+        server_plugins=init.server_plugins,
         output_dir=output_dir,
         seed=cfg.seed_everything,
         **vars(init.loop),
@@ -177,6 +180,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     output_dir = Path(cfg.output_dir)
     check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
     init = _instantiate(parser, cfg)
+    apply_server_plugins(init.model, init.server_plugins, data=init.data)
     apply_defences(init.model, init.defences, data=init.data)
     check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
     check_model_takes_inputs(init.model, init.data.train_dataloader(init.run.client_id))
@@ -229,11 +233,12 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
 
         from lightning_fl.federation.checkpoint import Checkpoint
         from lightning_fl.federation.evaluation import mean_over_clients, trained_clients
-        from lightning_fl.federation.trainers import build_trainer, trainer_options
+        from lightning_fl.trainers import build_trainer, trainer_options
 
         init = _instantiate(parser, cfg)
         # the defended model's public keys are what fit exported
-        apply_defences(init.model, init.defences, data=init.data)
+        apply_server_plugins(init.model, init.server_plugins, data=init.data)  # the model the server shipped,
+        apply_defences(init.model, init.defences, data=init.data)  # defended: the keys that fit exported
         load_global_model(init.model, cfg.ckpt_path or Path(cfg.output_dir) / GLOBAL_MODEL_FILE)
         data = init.data
         if stage == "test":

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from lightning_fl.datamodules.federated import FederatedDataModule
+    from torch.utils.data import Dataset
 
 __all__ = [
     "ClientContext",
@@ -333,12 +333,14 @@ class ClientEvaluationStep(Protocol):
 
 @dataclass(frozen=True)
 class SetupContext:
-    """What a server-side part may inspect once, before the first round (``setup(ctx)``); no client state.
+    """What a server-side part may inspect once, before the first round (``setup(ctx)``): what the server holds,
+    never a client's state or data (a plug-in that needs the clients' data asks on their side, in
+    ``setup_clients(ctx: ClientSetupContext)``).
 
     Args:
-        spec: the run's shape.
-        datamodule: the federated data (public facts; the test and validation sets for server-side steps that
-            declare their use, such as public fine-tuning).
+        spec: the run's shape and public metadata (clients' sample counts, ``num_classes``, ``input_shape``).
+        test_set: the server's own held-out data, on which it evaluates the global model (``None`` when the run
+            has none); public-data defences draw from it.
         global_model: a copy of the global model (its architecture and public state; private layers hold the
             server's own initialisation, never a client's).
         trainer_options: options of the inner Trainers, for components that train or evaluate a model.
@@ -350,7 +352,7 @@ class SetupContext:
     """
 
     spec: FederationSpec
-    datamodule: FederatedDataModule = field(repr=False)
+    test_set: Dataset | None = field(repr=False)
     global_model: nn.Module = field(repr=False)
     trainer_options: dict[str, Any] = field(default_factory=dict, repr=False)
     aggregator: object = field(default=None, repr=False)
@@ -360,15 +362,19 @@ class SetupContext:
 
 @dataclass(frozen=True)
 class ClientSetupContext:
-    """What a client transform's client-side set-up (``setup_clients(ctx)``) receives, once before the first round.
+    """What a plug-in's client-side set-up (``setup_clients(ctx)``) receives, once before the first round.
 
-    It runs on the clients' side of the boundary: a key ceremony (Paillier's key holder shares a key pair) or
-    restoring what a transform keeps per client (PoGZ's upload counts) reads and writes the clients' own states.
+    It runs on the clients' side of the boundary: a key ceremony (Paillier's key holder shares a key pair),
+    restoring what a transform keeps per client (PoGZ's upload counts), or a check or a contribution that needs the
+    clients' own data (FedBoosting needs a validation split on every client; a public fine-tuning set drawn from
+    validation splits is the clients' gift to the server).
 
     Args:
         spec: the run's shape.
         clients: every client's own :class:`ClientState` (client-side storage).
+        val_sets: every client's own validation split (empty where the clients run elsewhere, as under Flower).
     """
 
     spec: FederationSpec
     clients: tuple[ClientState, ...] = field(repr=False)
+    val_sets: tuple[Dataset, ...] = field(default=(), repr=False)

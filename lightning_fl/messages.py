@@ -7,15 +7,19 @@ a local gradient during the client's own training (``"local_gradient"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
-__all__ = ["LEAK_POINTS", "ClientUpdate", "GroundTruth", "LeakPoint", "ServerView"]
+__all__ = ["LEAK_POINTS", "ClientUpdate", "GradientRelease", "GroundTruth", "LeakPoint", "ServerView"]
 
 LeakPoint = Literal["aggregate", "client_update", "local_gradient"]
 LEAK_POINTS: frozenset[str] = frozenset({"aggregate", "client_update", "local_gradient"})
+
+GradientRelease = Callable[[nn.Module, dict[str, Tensor], Any, Any], None]
+"""``release(model, gradients, batch, optimizer)``: hand one released local gradient to the type-2 leak point."""
 
 
 @dataclass(frozen=True)

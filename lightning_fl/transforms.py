@@ -18,16 +18,17 @@ client-side set-up, ``setup_clients``, with the clients' own states (a key cerem
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_fl.messages import ClientUpdate
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, ClientSetupContext, RoundContext, SetupContext
 
-__all__ = ["BroadcastTransform", "ClientTransform", "ServerTransform"]
+__all__ = ["BroadcastTransform", "ClientTransform", "ServerPlugin", "ServerTransform", "apply_server_plugins"]
 
 
 class _Stateful:
@@ -42,7 +43,17 @@ class _Stateful:
 
 
 class ClientTransform(_Stateful, ABC):
-    """Client-side: transform the update a client is about to send."""
+    """Client-side: transform the update a client is about to send.
+
+    Attributes:
+        encrypts: whether what it sends is ciphertext (Paillier): nothing after it can read the encrypted layers,
+            so it must end the chain.
+        hides_update: whether the server cannot read the plaintext update it sends (encryption, secure aggregation
+            masks), so an aggregator that compares plaintext updates cannot run with it.
+    """
+
+    encrypts: bool = False
+    hides_update: bool = False
 
     @abstractmethod
     def __call__(self, update: ClientUpdate, *, ctx: ClientContext) -> ClientUpdate:
@@ -85,3 +96,50 @@ class BroadcastTransform(_Stateful, ABC):
     @abstractmethod
     def __call__(self, state: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
         """Transform and return; ``ctx`` is the receiving client's context (use only its round and id)."""
+
+
+class ServerPlugin(ABC):
+    """Server-side: a change to the model the server ships and to what it broadcasts (a malicious server).
+
+    Not a defence: it acts for the server, against the clients (Robbing the Fed's imprint,
+    :class:`~lightning_fl.attacks.MaliciousImprint`). It is listed under ``server_plugins``
+    (``FederatedLoop(server_plugins=[...])``, a top-level ``server_plugins:`` key of a config) and applied to the
+    model before the defences (:func:`apply_server_plugins`), so that the clients' defences act on what it ships.
+    """
+
+    @abstractmethod
+    def apply_to_model(self, model: nn.Module) -> nn.Module:
+        """Change ``model`` in place (the architecture and weights the server ships) and return it."""
+
+    def broadcast_transforms(self) -> list[BroadcastTransform]:
+        """What it does to each model it sends (after :meth:`apply_to_model`); none by default."""
+        return []
+
+    def use_data(self, data: Any) -> None:
+        """Read the settings it takes from the run's data when they were not given (the server's own held-out data:
+        the data's statistics); :func:`apply_server_plugins` calls it with its ``data`` first. Default: nothing."""
+
+
+def apply_server_plugins(model: nn.Module, plugins: Sequence[ServerPlugin], *, data: Any = None) -> nn.Module:
+    """Apply each server plug-in to ``model`` once, in list order (with ``data``, each first reads what it takes
+    from the data: :meth:`ServerPlugin.use_data`); a second call with the same plug-ins (a second loop on the same
+    model) changes nothing. Returns the same model.
+
+    Raises:
+        TypeError: on an entry that is not a :class:`ServerPlugin`, or one whose ``apply_to_model`` returns
+            another model.
+    """
+    applied = model.__dict__.setdefault("_fl_applied_server_plugins", [])
+    for plugin in plugins:
+        if not isinstance(plugin, ServerPlugin):
+            raise TypeError(
+                f"server_plugins=[..., {type(plugin).__name__}, ...] is not a ServerPlugin; defences go to defences:."
+            )
+        if id(plugin) in applied:
+            continue
+        if data is not None:
+            plugin.use_data(data)
+        if plugin.apply_to_model(model) is not model:
+            raise TypeError(f"{type(plugin).__name__}.apply_to_model must change the model in place and return it.")
+        applied.append(id(plugin))
+    return model

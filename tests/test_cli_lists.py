@@ -14,8 +14,8 @@ from torchvision.utils import save_image
 from lightning_fl.attacks import MaliciousImprint
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
-from lightning_fl.defences import apply_defences
 from lightning_fl.models import ImageClassifier
+from lightning_fl.transforms import apply_server_plugins
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 PHOTOS = str(CONFIGS / "robbing_the_fed_photos.yaml")
@@ -73,21 +73,23 @@ def test_an_imprint_without_statistics_measures_them_on_the_datas_held_out_split
     data = FederatedDataModule(str(_folder(tmp_path)), num_clients=1, partition="iid", image_size=16)
     data.setup()
     imprint = MaliciousImprint(num_bins=8)
-    apply_defences(ImageClassifier("lenet_dlg", **data.model_options), [imprint], data=data)
+    apply_server_plugins(ImageClassifier("lenet_dlg", **data.model_options), [imprint], data=data)
     held_out = torch.stack([x for x, _ in data.test_set]).mean(dim=(1, 2, 3))
     assert imprint.feature_mean == pytest.approx(float(held_out.mean()), abs=1e-6) and imprint.feature_mean < 0.15
     assert imprint.feature_std == pytest.approx(float(held_out.std()), abs=1e-6)
     with pytest.raises(ValueError, match="no feature_mean/feature_std: give both, or call use_data"):
-        apply_defences(ImageClassifier("lenet_dlg", **data.model_options), [MaliciousImprint(num_bins=8)])
+        apply_server_plugins(ImageClassifier("lenet_dlg", **data.model_options), [MaliciousImprint(num_bins=8)])
 
 
 def test_the_photo_imprint_config_on_another_folder_uses_that_folders_statistics(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["--data.dataset", str(_folder(tmp_path / "data")), "--run.batch_size", "4"]
-    rc = main(["attack", "--config", PHOTOS, *args, "--defences.0.init_args.num_bins", "64", "--output_dir", str(run)])
+    rc = main(
+        ["attack", "--config", PHOTOS, *args, "--server_plugins.0.init_args.num_bins", "64", "--output_dir", str(run)]
+    )
     assert rc == 0
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert saved["defences"][0]["init_args"]["num_bins"] == 64
+    assert saved["server_plugins"][0]["init_args"]["num_bins"] == 64
     scores = json.loads((run / "summary.json").read_text())["attacks"][0]
     # bins placed over this folder's brightness separate its 4 images (photo_tiles' statistics return 3 of them)
     assert scores["num_images"] == scores["recovered"] == 4

@@ -25,9 +25,10 @@ Inferred: :math:`W_2` is fixed (not a trainable parameter). The identity needs e
 model to be the same; a trainable :math:`W_2` keeps that for one gradient, but local SGD steps move its columns
 apart and the differences of consecutive bins stop cancelling (docs/attacks.md, "Deviations").
 
-:class:`MaliciousImprint` is the malicious server itself: it ships the block in front of the model (through the
-same bundle mechanism as a :class:`~lightning_fl.defences.Defence`: a model change plus a broadcast transform) and
-re-imposes the block's weights in every model it sends, so each round's clients train through the planted bins.
+:class:`MaliciousImprint` is the malicious server itself, a server-side plug-in
+(:class:`~lightning_fl.transforms.ServerPlugin`: a model change plus a broadcast transform): it ships the block in
+front of the model and re-imposes the block's weights in every model it sends, so each round's clients train
+through the planted bins.
 
 References:
     Fowl, Geiping, Czaja, Goldblum, Goldstein. "Robbing the Fed: Directly Obtaining Private Data in Federated
@@ -44,8 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.transforms import BroadcastTransform
+from lightning_fl.transforms import BroadcastTransform, ServerPlugin
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import RoundContext
@@ -183,15 +183,15 @@ class ReimposeImprint(BroadcastTransform):
         return {k: planted[k].to(v) if k in planted else v for k, v in state.items()}
 
 
-class MaliciousImprint(Defence):
+class MaliciousImprint(ServerPlugin):
     r"""The malicious server of Robbing the Fed (Fowl et al., ICLR 2022): plants an :class:`ImprintBlock` in front
     of the model it ships and re-imposes its weights in every broadcast.
 
     Threat model: a *malicious* server that changes the architecture and weights the clients receive (the
-    paper's setting), not the honest-but-curious server of DLG or Inverting Gradients. It rides on the defence
-    bundle mechanism (``defences:`` in a config, ``FederatedLoop(defences=[...])``, ``apply_defences``), which is
-    how anything that changes the shipped model enters a run; list it first, so that client-side defences are
-    applied to the model the server ships.
+    paper's setting), not the honest-but-curious server of DLG or Inverting Gradients. It is a server-side
+    plug-in (:class:`~lightning_fl.transforms.ServerPlugin`: ``server_plugins:`` in a config,
+    ``FederatedLoop(server_plugins=[...])``, ``apply_server_plugins``), applied before the defences, so that
+    client-side defences act on the model the server ships.
 
     ``apply_to_model`` registers the block as ``model.imprint`` and a forward pre-hook that passes the model's
     first argument through it, so the model's own ``forward`` and ``training_step`` stay as they are (they must
@@ -288,10 +288,12 @@ class MaliciousImprint(Defence):
         model.register_forward_pre_hook(_imprint_inputs)
         return model
 
-    def parts(self) -> DefenceParts:
+    def broadcast_transforms(self) -> list[BroadcastTransform]:
         if self.block is None:
-            raise RuntimeError("MaliciousImprint.parts() needs apply_to_model() first (the loop calls both).")
-        return DefenceParts(broadcast_transforms=[ReimposeImprint(self.block)])
+            raise RuntimeError(
+                "MaliciousImprint.broadcast_transforms() needs apply_to_model() first (the loop calls both)."
+            )
+        return [ReimposeImprint(self.block)]
 
     def __repr__(self) -> str:
         return (

@@ -71,7 +71,7 @@ def _find_block(view: ServerView) -> tuple[str, ImprintBlock]:
     if not blocks:
         raise ValueError(
             f"{type(view.model).__name__} has no ImprintBlock: Robbing the Fed reads the block a malicious server "
-            "planted; add MaliciousImprint to the run's defences: (first in the list)."
+            "planted; add MaliciousImprint to the run's server_plugins:."
         )
     return blocks[0]
 

@@ -1,9 +1,10 @@
 """One federated experiment from plain settings: the builder every bench run and benchmark script shares.
 
 A spec holds the parts of a ``lightning-fl fit`` config as plain data (``data``, ``model``, ``loop``,
-``defences``, ``client_callbacks``, ``seed``); :func:`build_loop` turns it into a :class:`FederatedLoop` the way
-the command does (seed first, data built and linked into the model's data options, the defences applied by the
-loop), so a run built here trains exactly as ``lightning-fl fit`` with the same settings.
+``defences``, ``server_plugins``, ``client_callbacks``, ``seed``); :func:`build_loop` turns it into a
+:class:`FederatedLoop` the way the command does (seed first, data built and linked into the model's data options,
+the server plug-ins and defences applied by the loop), so a run built here trains exactly as ``lightning-fl fit``
+with the same settings.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_
 _CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 """A dotted Python name (``my_project.data.DigitsDataModule``): how a ``data.dataset`` string names a class."""
 
-_SPEC_KEYS = frozenset({"data", "model", "loop", "defences", "client_callbacks", "seed"})
+_SPEC_KEYS = frozenset({"data", "model", "loop", "defences", "server_plugins", "client_callbacks", "seed"})
 
 
 def build_loop(
@@ -47,8 +48,8 @@ def build_loop(
 
     Args:
         spec: ``data`` (:class:`~lightning_fl.datamodules.FederatedDataModule` options), ``model``
-            (``class_path``/``init_args``), ``loop`` (:class:`FederatedLoop` options), ``defences`` and
-            ``client_callbacks`` (lists of ``class_path``/``init_args``), ``seed``.
+            (``class_path``/``init_args``), ``loop`` (:class:`FederatedLoop` options), ``defences``,
+            ``server_plugins`` and ``client_callbacks`` (lists of ``class_path``/``init_args``), ``seed``.
         output_dir: the run directory.
         callbacks: federated callbacks added to the loop's own (attacks).
         checkpoint: write a checkpoint after every round.
@@ -74,6 +75,7 @@ def build_loop(
         model,
         data,
         defences=build(list(spec.get("defences") or [])),
+        server_plugins=build(list(spec.get("server_plugins") or [])),
         callbacks=[*loop_options.pop("callbacks", []), *callbacks],
         client_callbacks=[*loop_options.pop("client_callbacks", []), *build(list(spec.get("client_callbacks") or []))],
         output_dir=output_dir,
@@ -119,9 +121,9 @@ def data_options(data: Mapping[str, Any]) -> dict[str, Any]:
 def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:
     """The spec of a ``lightning-fl fit`` YAML config (``seed_everything`` becomes ``seed``), ``overrides`` on top.
 
-    Each override replaces one top-level key (``data``, ``model``, ``loop``, ``defences``, ``client_callbacks``,
-    ``seed``) whole; ``output_dir`` and ``resume`` of the file are not part of a spec (:func:`build_loop` takes the
-    directory).
+    Each override replaces one top-level key (``data``, ``model``, ``loop``, ``defences``, ``server_plugins``,
+    ``client_callbacks``, ``seed``) whole; ``output_dir`` and ``resume`` of the file are not part of a spec
+    (:func:`build_loop` takes the directory).
 
     Raises:
         ValueError: naming the file when it is missing, is not a mapping, or has a key a spec does not know.

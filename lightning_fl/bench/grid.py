@@ -68,9 +68,10 @@ middle and last round: leakage over training, :func:`utility_rounds`); ``trained
 model); ``clients`` (the client ids attacked, default every selected one); ``attacks`` (the attacks that run under
 it, default all); ``max_images``, ``attack_rounds``, and ``data``/``model``/``loop`` merged over the run's."""
 PROTOCOLS = ("attack", "utility")
-_ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_defences", "model"}
-"""An attack entry: the attack, the defences it runs against, and what it changes of its own run: the bundles a
-malicious server applies to the model it ships (``server_defences``, before the defence's own) and the model
+_ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_plugins", "model"}
+"""An attack entry: the attack, the defences it runs against, and what it changes of its own run: what a
+malicious server changes of the model it ships (``server_plugins``, applied before the defence's bundles) and the
+model
 (``model``, merged over the attack run's); an attack with either gets an attack run of its own."""
 SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 """Grid axes a command line (``--defences a,b``) or an ``only:`` section may trim."""
@@ -378,7 +379,7 @@ class Cell:
 
         The run's settings are the config's ``data``/``model``/``loop``, the defence's ``model``, then
         ``attack_run``, then the defence's ``loop``, then the threat model's ``data``/``model``/``loop`` and then the
-        attack's own ``model``, each merged over the one before; the attack's ``server_defences`` come before the
+        attack's own ``model``, each merged over the one before; the attack's ``server_plugins`` apply before the
         defence's bundles (the malicious server changes the model first, the clients' defences act on what it
         ships), and the defences draw fixed batches (:func:`fixed_batches`). A ``protocol: utility`` threat model
         skips ``attack_run`` and keeps the defences' own sampling: its run is the utility run, attacked at its
@@ -406,10 +407,8 @@ class Cell:
             "cell": self.key,
             "run": f"{run}__{self.attack}" if changes_run(attack) else run,
             **parts,
-            "defences": [
-                *attack.get("server_defences", []),
-                *(defence.get("defences", []) if utility else fixed_batches(defence.get("defences", []))),
-            ],
+            "defences": defence.get("defences", []) if utility else fixed_batches(defence.get("defences", [])),
+            **({"server_plugins": attack["server_plugins"]} if attack.get("server_plugins") else {}),
             "client_callbacks": defence.get("client_callbacks", []),
             "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
             "server": server_threat(attack),
@@ -425,19 +424,19 @@ class Cell:
 
 
 def changes_run(attack: Mapping[str, Any]) -> bool:
-    """Whether an attack entry changes its attack run (``server_defences`` or ``model``): it then gets its own."""
-    return bool(attack.get("server_defences") or attack.get("model"))
+    """Whether an attack entry changes its attack run (``server_plugins`` or ``model``): it then gets its own."""
+    return bool(attack.get("server_plugins") or attack.get("model"))
 
 
 def server_threat(attack: Mapping[str, Any]) -> str:
     """The server an attack entry assumes: ``malicious`` when it changes the model the clients receive
-    (``server_defences``, e.g. Robbing the Fed's imprint), else ``honest-but-curious`` (it only reads).
+    (``server_plugins``, e.g. Robbing the Fed's imprint), else ``honest-but-curious`` (it only reads).
 
     Example:
-        >>> server_threat({"class_path": "x.DLGAttack"}), server_threat({"server_defences": [{"class_path": "x.M"}]})
+        >>> server_threat({"class_path": "x.DLGAttack"}), server_threat({"server_plugins": [{"class_path": "x.M"}]})
         ('honest-but-curious', 'malicious')
     """
-    return "malicious" if attack.get("server_defences") else "honest-but-curious"
+    return "malicious" if attack.get("server_plugins") else "honest-but-curious"
 
 
 def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model: str | None = None) -> bool:

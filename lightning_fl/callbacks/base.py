@@ -11,7 +11,7 @@ Hook order in one round::
     on_aggregate_end(federation, view, ground_truth)         # type-0 leak: the aggregate that is broadcast
     on_round_end(federation, round_idx, metrics)
 
-``federation`` is the read-only :class:`~lightning_fl.federation.view.FederationView` of the run; ``view`` is a
+``federation`` is the read-only :class:`~lightning_fl.view.FederationView` of the run; ``view`` is a
 :class:`~lightning_fl.messages.ServerView` (all an attack may use); ``ground_truth`` is kept apart for scoring.
 The loop builds views and ground truth only for hooks a callback overrides and for the events it
 :meth:`~FederatedCallback.wants`, so unused leak points, rounds and local steps cost nothing.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_fl.messages import ClientUpdate, GroundTruth, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["FederatedCallback"]
 
@@ -32,11 +32,16 @@ __all__ = ["FederatedCallback"]
 class FederatedCallback:
     """Base class of loop-level callbacks; override the hooks you need.
 
-    Hooks receive a read-only :class:`~lightning_fl.federation.view.FederationView` first, as Lightning callbacks
+    Hooks receive a read-only :class:`~lightning_fl.view.FederationView` first, as Lightning callbacks
     receive the Trainer: read it (``round_idx``, ``spec``, ``output_dir``, ``loggers``; reads are copies), report
     through ``log_metrics``/``record_attack``/``request_stop``, and change a client's own state only through
     ``set_client_extra``.
+
+    Attributes:
+        needs_privacy_ledger: whether it reads the spent epsilon, so the run needs a privacy ledger (a DP defence).
     """
+
+    needs_privacy_ledger: bool = False
 
     def listens_to(self, hook: str) -> bool:
         """Whether the loop should call ``hook`` on this callback; narrow it so unused leak points cost nothing."""

@@ -15,7 +15,7 @@ from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.messages import LEAK_POINTS, GroundTruth, LeakPoint, ServerView
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["GradientLeakage"]
 

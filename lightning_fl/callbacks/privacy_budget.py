@@ -11,7 +11,7 @@ from typing_extensions import override
 from lightning_fl.callbacks.base import FederatedCallback
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.view import FederationView, LedgerReading
+    from lightning_fl.view import FederationView, LedgerReading
 
 __all__ = ["PrivacyBudget"]
 
@@ -41,6 +41,8 @@ class PrivacyBudget(FederatedCallback):
         >>> PrivacyBudget(target_epsilon=20.0).target_epsilon
         20.0
     """
+
+    needs_privacy_ledger = True
 
     def __init__(self, target_epsilon: float) -> None:
         if not (0 < target_epsilon < math.inf):

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from lightning_fl.federation.leak_points import LeakPoints
     from lightning_fl.federation.updates import Downlink
     from lightning_fl.federation.vectorised_clients import VectorisedClients
-    from lightning_fl.federation.view import FederationView
     from lightning_fl.transforms import ClientTransform
+    from lightning_fl.view import FederationView
 
 __all__ = ["ClientPool", "ClientStep", "ClientStepResult", "copy_update"]
 
@@ -105,8 +105,7 @@ class ClientStep:
 
     Args:
         runner: trains a client in this process and builds each client's context.
-        pool: trains the clients elsewhere (``None``: in this process).
-        vectorised: trains a round's clients in this process at once, when no ``pool`` is given and the model
+        vectorised: trains a round's clients in this process at once, when :meth:`run` gets no ``pool`` and the model
             and the round's Trainer callbacks qualify (``None``, or a round that does not qualify: one after the
             other), see :class:`~lightning_fl.federation.vectorised_clients.VectorisedClients`.
         downlink: what each client receives (the broadcast transforms).
@@ -123,7 +122,6 @@ class ClientStep:
         self,
         runner: ClientRunner,
         *,
-        pool: ClientPool | None,
         vectorised: VectorisedClients | None = None,
         downlink: Downlink,
         leaks: LeakPoints,
@@ -134,22 +132,30 @@ class ClientStep:
         max_update_norm: float,
         min_clients: int,
     ) -> None:
-        self.runner, self.pool, self.vectorised, self.downlink, self.leaks = runner, pool, vectorised, downlink, leaks
-        self.client_transforms = () if pool is not None and pool.encodes else tuple(client_transforms)
+        self.runner, self.vectorised, self.downlink, self.leaks = runner, vectorised, downlink, leaks
+        self.client_transforms = tuple(client_transforms)
         self.client_callbacks, self.callbacks = tuple(client_callbacks), tuple(callbacks)
         self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
         self.min_clients = min_clients
 
-    def run(self, round_ctx: RoundContext, selected: Sequence[int], federation: FederationView) -> ClientStepResult:
+    def run(
+        self,
+        round_ctx: RoundContext,
+        selected: Sequence[int],
+        federation: FederationView,
+        pool: ClientPool | None = None,
+    ) -> ClientStepResult:
         """Train ``selected`` and return the updates that pass every check (at least ``min_clients``); the FL
-        callbacks receive ``federation``, the round's view.
+        callbacks receive ``federation``, the round's view. The clients train in ``pool`` (the pool of the fit;
+        ``None``: in this process); a pool that ``encodes`` runs the client transforms itself.
 
         Raises:
             RuntimeError: when fewer than ``min_clients`` valid updates remain.
         """
         failures: dict[int, str] = {}
         offsets: dict[int, dict[str, Tensor]] = {}
-        trained = self._train(round_ctx, selected, federation, failures, offsets)
+        transforms = () if pool is not None and pool.encodes else self.client_transforms
+        trained = self._train(round_ctx, selected, federation, pool, transforms, failures, offsets)
         updates = drop_norm_outliers(
             trained,
             max_ratio=self.max_update_norm_ratio,
@@ -171,12 +177,14 @@ class ClientStep:
         round_ctx: RoundContext,
         selected: Sequence[int],
         federation: FederationView,
+        given: ClientPool | None,
+        transforms: tuple[ClientTransform, ...],
         failures: dict[int, str],
         offsets: dict[int, dict[str, Tensor]],
     ) -> list[ClientUpdate]:
         """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool."""
         round_idx = round_ctx.round_idx
-        pool: ClientPool | VectorisedClients | None = self.pool
+        pool: ClientPool | VectorisedClients | None = given
         if pool is None and self.vectorised is not None:
             pool = self.vectorised.for_round(
                 [
@@ -190,7 +198,7 @@ class ClientStep:
                 ctx, received = self._start(round_ctx, k, federation, offsets)
                 callbacks = self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
                 train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish(ctx, received, train, federation, failures))
+                updates.append(self._finish(ctx, received, train, federation, transforms, failures))
             return [u for u in updates if u is not None]
         started = []
         for k in selected:
@@ -200,7 +208,12 @@ class ClientStep:
         results = pool.run([(ctx.client_id, round_idx, received) for ctx, received in started])
         updates = [
             self._finish(
-                ctx, received, functools.partial(pool.collect, results[ctx.client_id], ctx=ctx), federation, failures
+                ctx,
+                received,
+                functools.partial(pool.collect, results[ctx.client_id], ctx=ctx),
+                federation,
+                transforms,
+                failures,
             )
             for ctx, received in started
         ]
@@ -227,6 +240,7 @@ class ClientStep:
         received: dict[str, Tensor],
         train: Callable[[], ClientFit],
         federation: FederationView,
+        transforms: tuple[ClientTransform, ...],
         failures: dict[int, str],
     ) -> ClientUpdate | None:
         client_id, round_idx = ctx.client_id, ctx.round_idx
@@ -237,7 +251,7 @@ class ClientStep:
                 self.runner.store.keep_fit(client_id, fit.private)
             for cb in self.callbacks:  # each gets its own copy: a write into it never reaches the aggregate
                 cb.on_client_fit_end(federation, copy_update(update) if _overrides(cb, "on_client_fit_end") else update)
-            update, refused = encode_update(update, self.client_transforms, ctx=ctx, max_norm=self.max_update_norm)
+            update, refused = encode_update(update, transforms, ctx=ctx, max_norm=self.max_update_norm)
         except ClientFailure as failure:  # a failing client must never stop or corrupt the federation
             failures[client_id] = f"failed ({failure.detail})"
             message = f"round {round_idx}: client {client_id} failed and is dropped ({failure.detail})"

@@ -25,9 +25,9 @@ from lightning_fl.federation.client_store import ClientFit, ClientStore
 from lightning_fl.federation.fabric_fit import FabricFit, FitOutcome, model_needs_trainer, options_need_trainer
 from lightning_fl.federation.failures import client_work
 from lightning_fl.federation.model_contract import split_batch
-from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.messages import ClientUpdate, GroundTruth
 from lightning_fl.private import load_state_into, private_state, public_state, reset_private_state
+from lightning_fl.trainers import build_trainer, quiet_lightning
 
 if TYPE_CHECKING:
     from lightning_fl.datamodules.federated import FederatedDataModule
@@ -55,6 +55,8 @@ class ClientRunner:
         spec: the run's shape (local epochs or steps, the master seed).
         trainer_options: options of each client's Trainer (see :func:`.trainers.trainer_options`).
         train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
+        record_drawn: keep the examples a fit by local steps draws (a callback reads the type-1 leak point and
+            scores an attack against them).
 
     Attributes:
         store: every client's own state and the initial private state (:class:`ClientStore`, their one writer).
@@ -70,6 +72,7 @@ class ClientRunner:
         *,
         trainer_options: dict[str, Any],
         train_loss_key: str = "train_loss",
+        record_drawn: bool = False,
     ) -> None:
         self.global_model, self.datamodule, self.trainer_options, self.spec = model, datamodule, trainer_options, spec
         self.local_epochs, self.local_steps, self.seed = spec.local_epochs, spec.local_steps, spec.seed
@@ -79,7 +82,11 @@ class ClientRunner:
         self.inner_fit = "auto"
         self._fabric: FabricFit | None = None
         self._model_reason: str | None = None  # why the worker model needs the Trainer ("" once checked: it does not)
-        self.record_drawn = False  # keep what fits by local steps draw (the loop: a callback reads the type-1 leak)
+        self.record_drawn = record_drawn
+
+    def use_devices(self, devices: list[int]) -> None:
+        """Train the clients on ``devices`` from now on (a DDP rank on its own accelerator)."""
+        self.trainer_options = {**self.trainer_options, "devices": devices}
 
     @property
     def worker(self) -> L.LightningModule:

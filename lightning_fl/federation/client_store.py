@@ -43,7 +43,7 @@ class ClientStore(Sequence[ClientState]):
     """Every client's :class:`~lightning_fl.contexts.ClientState` and the initial private state.
 
     Items are the clients' live states, for the client side of the boundary (a client's own context); server-side
-    readers get copies (:class:`~lightning_fl.federation.view.ClientStates`).
+    readers get copies (:class:`~lightning_fl.view.ClientStates`).
 
     Args:
         num_clients: clients in the federation.

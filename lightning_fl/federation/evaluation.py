@@ -14,9 +14,9 @@ from torch.utils.data import DataLoader
 
 from lightning_fl.contexts import ClientState
 from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer, options_need_trainer
-from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.federation.updates import decode_aggregate
 from lightning_fl.private import load_state_into, private_state
+from lightning_fl.trainers import build_trainer, quiet_lightning
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -153,19 +153,27 @@ class Evaluator:
         lean: test a model that overrides no test hook but ``test_step`` and the epoch hooks, under the quiet default
             options, without a ``Trainer`` (:func:`~lightning_fl.federation.fabric_fit.lean_test`: the same metrics,
             without the Trainer's per-call set-up and per-batch hooks); ``False`` always uses ``Trainer.test``.
-        threads: torch threads for evaluation (``None``: as set). The loop sets N (at most the CPU count) with
+        threads: torch threads for evaluation (``None``: as set). The loop gives N (at most the CPU count) with
             ``loop.workers`` N local processes: the evaluation in the loop's process, during which the workers are
             idle, uses their cores (measured in docs/performance.md).
     """
 
-    def __init__(self, options: dict[str, Any], *, every: int = 1, on: EvalOn = "global", metric: str = "test_acc"):
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        every: int = 1,
+        on: EvalOn = "global",
+        metric: str = "test_acc",
+        threads: int | None = None,
+    ):
         if every < 0:
             raise ValueError(f"loop.eval_every={every} must be >= 0.")
         if on not in ("global", "clients"):
             raise ValueError(f"loop.eval_on={on!r} is unknown; use 'global' or 'clients'.")
         self.options, self.every, self.on, self.metric = options, every, on, metric
         self.lean = True
-        self.threads: int | None = None
+        self.threads = threads
         self._trainer: L.Trainer | None = None
         self._needs_trainer: dict[type, bool] = {}
 

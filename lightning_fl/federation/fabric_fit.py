@@ -28,7 +28,7 @@ import lightning as L
 import torch
 from torchmetrics import Metric
 
-from lightning_fl.federation.trainers import QUIET_TRAINER
+from lightning_fl.trainers import QUIET_TRAINER
 
 __all__ = ["FabricFit", "FitOutcome", "lean_test", "model_needs_trainer", "options_need_trainer"]
 

@@ -130,6 +130,7 @@ def federation_fingerprint(
     broadcast_transforms: Sequence[object],
     client_callbacks: Sequence[object],
     callbacks: Sequence[object],
+    server_plugins: Sequence[object] = (),
     vectorize: bool | str = False,
 ) -> dict[str, Any]:
     """The settings that define a federation, as JSON data: the plug-ins' settings first (:func:`plugin_settings`),
@@ -156,6 +157,7 @@ def federation_fingerprint(
         "loop.callbacks": callbacks,
         "loop.aggregator": aggregator,
         "loop.selector": selector,
+        **({"server_plugins": server_plugins} if server_plugins else {}),  # runs without one keep their fingerprint
     }
     return {
         **plugin_settings(plugins),

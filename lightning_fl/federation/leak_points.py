@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import lightning as L
@@ -19,19 +19,16 @@ from torch import Tensor
 
 from lightning_fl.federation.failures import ServerSideError
 from lightning_fl.federation.model_contract import split_batch
-from lightning_fl.messages import ClientUpdate, GroundTruth, LeakPoint, ServerView
+from lightning_fl.messages import ClientUpdate, GradientRelease, GroundTruth, LeakPoint, ServerView
 from lightning_fl.private import load_state_into, public_state
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import FederationSpec
     from lightning_fl.datamodules.federated import FederatedDataModule
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["GradientRelease", "LeakPoints", "LocalGradientSource", "LocalGradientTap"]
-
-GradientRelease = Callable[[L.LightningModule, dict[str, Tensor], Any, Any], None]
-"""``release(model, gradients, batch, optimizer)``: hand one released local gradient to the type-2 leak point."""
 
 
 @runtime_checkable

@@ -1,23 +1,19 @@
-"""FederatedLoop: rounds of client selection, local Lightning training, aggregation and evaluation.
+"""FederatedLoop: the assembler of a federated run, where every client is trained by a Lightning Trainer.
 
-The loop only orchestrates: :class:`RoundLoop` runs the rounds of a fit, :class:`ClientStep` takes each selected
-client from downlink to a checked update (training it in the :class:`ClientRunner`, a pool, or with the round's
-other clients at once by :class:`VectorisedClients`), :class:`ServerStep` turns the updates into the new global
-state, views are built by :class:`LeakPoints`, and :class:`Evaluator`, :class:`Checkpoint` and :class:`RunRecorder`
-score and write. Plug-ins receive narrow contexts (:mod:`lightning_fl.contexts`); FL callbacks receive a read-only
-:class:`FederationView`, as Lightning callbacks receive the Trainer.
-Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues exactly as the
-uninterrupted one. See docs/architecture.md.
+The loop builds the run's collaborators once and hands them to the round loop; it holds no per-round logic.
+:class:`Round` runs one round on values (select, :class:`ClientStep`, :class:`ServerStep`) and returns a
+``RoundResult``; :class:`RoundLoop` commits each result. Plug-ins are merged by :func:`compose`, set up by
+:func:`set_up_plugins` and receive narrow contexts (:mod:`lightning_fl.contexts`); FL callbacks receive a read-only
+:class:`FederationView`. Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues
+exactly as the uninterrupted one. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,33 +24,34 @@ from torch import Tensor
 from lightning_fl.callbacks.base import FederatedCallback
 from lightning_fl.contexts import ClientSetupContext, FederationSpec, RoundContext, SetupContext
 from lightning_fl.datamodules.federated import FederatedDataModule
-from lightning_fl.defences.base import Defence, collect_parts
+from lightning_fl.defences.base import Defence
 from lightning_fl.federation.checkpoint import Checkpoint, RunParts
 from lightning_fl.federation.client_round import ClientPool, ClientStep
 from lightning_fl.federation.client_runner import ClientRunner
 from lightning_fl.federation.client_store import ClientStore
-from lightning_fl.federation.composition import check_composition
-from lightning_fl.federation.distributed import Ranks, launch, ranks_requested, serve, single_device_options
+from lightning_fl.federation.composition import compose
+from lightning_fl.federation.distributed import launch, ranks_requested, serve, single_device_options
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator, evaluate_state
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
 from lightning_fl.federation.model_contract import check_model
+from lightning_fl.federation.plugin_setup import client_setup_context, set_up_plugins, setup_context
 from lightning_fl.federation.pools import open_pool
 from lightning_fl.federation.recording import RunRecorder
 from lightning_fl.federation.round import Round
 from lightning_fl.federation.round_loop import RoundLoop, global_state_of
-from lightning_fl.federation.run_dir import open_run_dir
+from lightning_fl.federation.run_dir import writing_run
 from lightning_fl.federation.run_lock import RunLock
 from lightning_fl.federation.server_round import ServerStep
-from lightning_fl.federation.trainers import trainer_options
 from lightning_fl.federation.updates import Downlink, norm_bounds
 from lightning_fl.federation.vectorised_clients import VectorisedClients
-from lightning_fl.federation.view import FederationView
 from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
-from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
-from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
+from lightning_fl.server import Aggregator, ClientSelector
+from lightning_fl.trainers import trainer_options
+from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerPlugin, ServerTransform
 from lightning_fl.validation import check_federated_data
+from lightning_fl.view import FederationView
 
 __all__ = ["FederatedLoop"]
 
@@ -65,14 +62,16 @@ class FederatedLoop:
     """Run federated training where every client is an ordinary Lightning Trainer.
 
     Args:
-        model: the global model; any ``LightningModule`` (see :mod:`lightning_fl.federation.model_contract`).
-            Modules marked private (see :mod:`lightning_fl.private`) stay on the clients.
+        model: the global model; any ``LightningModule`` (see :mod:`lightning_fl.federation.model_contract`);
+            modules marked private (:mod:`lightning_fl.private`) stay on the clients.
         datamodule: the federated data.
         num_rounds: number of communication rounds T.
         clients_per_round: clients per round: an int K, or a fraction C in (0, 1] of the clients.
         local_epochs: local epochs E per client fit; local_steps: optimiser steps instead of epochs.
         defences: defence bundles; each adds its model layers (applied to ``model`` now), client callbacks,
             transforms, aggregator or selector to the stages below (see :class:`~lightning_fl.defences.Defence`).
+        server_plugins: what a malicious server changes of the model it ships and of what it broadcasts, applied
+            before the defences (see :class:`~lightning_fl.transforms.ServerPlugin`).
         selector: client selection strategy (uniform by default).
         aggregator: aggregation rule (sample-weighted FedAvg by default).
         client_transforms: client-side chain applied to each update before it is sent (clip, noise, encrypt).
@@ -90,25 +89,20 @@ class FederatedLoop:
         eval_metric: the name the model logs in ``test_step`` (reported as ``test_accuracy``); train_loss_key:
             the one it logs in ``training_step`` (reported as ``train_loss``).
         min_clients: a round fails with an error when fewer valid updates than this remain.
-        max_update_norm_ratio: drop a plaintext update whose L2 norm (float64, after the client transforms) exceeds
-            this multiple of the round's median update norm; ``None`` disables. The default 1000 only catches
-            broken or malicious updates (honest clients on the same model differ by far less).
-        max_update_norm: drop any update whose L2 norm exceeds this absolute bound; ``None`` disables. An
-            update that a client transform encrypts (Paillier) is checked against it on the client, before
-            encryption: the server cannot see its norm, and nobody sees the other clients' norms.
+        max_update_norm_ratio: drop a plaintext update whose L2 norm (after the client transforms) exceeds this
+            multiple of the round's median update norm; ``None`` disables (docs/architecture.md).
+        max_update_norm: drop any update whose L2 norm exceeds this absolute bound (checked on the client, before
+            encryption, for an encrypted update); ``None`` disables.
         output_dir: run directory for ``summary.json``, checkpoints, logs and attack images.
         checkpoint: write a checkpoint after every round (needed for ``resume``).
         seed: master seed; every random stream derives from it.
         progress_bar: show a rich progress bar over rounds.
-        workers: train each round's clients in this many local worker processes (CPU), each holding one model
-            and reusing it across clients; 1 trains them in this process. The history equals ``workers=1``
-            for the same seed (see :mod:`lightning_fl.federation.workers`).
+        workers: train each round's clients in this many local worker processes (CPU), each reusing one model;
+            the history equals ``workers=1`` for the same seed (:mod:`lightning_fl.federation.workers`).
         backend: where ``workers`` run: local ``processes``, or ``ray`` actors (needs the ``ray`` extra).
-        vectorize: ``True`` trains each round's plain clients at once (their parameters stacked, one grouped
-            forward and backward per step; see :mod:`lightning_fl.federation.vectorised_contract` for which models
-            qualify: the others train one by one, with a warning); ``"auto"`` does so where the model qualifies and
-            stacking pays (never with ``workers > 1``, Ray or DDP ranks); ``False`` trains them one by one. The
-            history equals the sequential one to float tolerance, not bit for bit (docs/performance.md).
+        vectorize: ``True`` trains each round's plain clients at once, parameters stacked
+            (:mod:`lightning_fl.federation.vectorised_contract` says which models qualify); ``"auto"`` where the
+            model qualifies and it pays; ``False`` one by one. Equal to the sequential history to float tolerance.
 
     Raises:
         ValueError: on inconsistent settings (named in the message), before any training.
@@ -125,6 +119,7 @@ class FederatedLoop:
         local_epochs: int = 1,
         local_steps: int | None = None,
         defences: Sequence[Defence] = (),
+        server_plugins: Sequence[ServerPlugin] = (),
         selector: ClientSelector | None = None,
         aggregator: Aggregator | None = None,
         client_transforms: Sequence[ClientTransform] = (),
@@ -153,39 +148,27 @@ class FederatedLoop:
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         self.max_update_norm_ratio, self.max_update_norm = norm_bounds(max_update_norm_ratio, max_update_norm)
-        options = trainer_options(trainer)
-        self.ranks, self.process_options = ranks_requested(options), options
-        if self.ranks > 1:
-            options = single_device_options(options)
-        self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric)
+        self.process_options = options = trainer_options(trainer)
+        self.ranks = ranks_requested(options)
+        options = single_device_options(options) if self.ranks > 1 else options
         check_federated_data(datamodule)
         datamodule.setup()  # load and partition now, so data errors surface before any training
-        build = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
-        build.update(local_steps=local_steps, min_clients=min_clients)
-        FederationSpec.check(datamodule.num_clients, **build)
-        parts = collect_parts(defences, model=model, data=datamodule, aggregator=aggregator, selector=selector)
-        self.defences = list(defences)
-        self.spec = FederationSpec.build(model, datamodule, seed=seed, **build)  # the update keys of the defended model
+        shape = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
+        shape.update(local_steps=local_steps, min_clients=min_clients)
+        FederationSpec.check(datamodule.num_clients, **shape)
+        own = dict(client_transforms=client_transforms, server_transforms=server_transforms, callbacks=callbacks)
+        own.update(broadcast_transforms=broadcast_transforms, client_callbacks=client_callbacks)
+        own.update(server_plugins=server_plugins, selector=selector, aggregator=aggregator)
+        self.plugins = plugins = compose(defences, model=model, data=datamodule, **own)
+        self.spec = FederationSpec.build(model, datamodule, seed=seed, **shape)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
-        self.global_model, self.datamodule, self.num_rounds = model, datamodule, num_rounds
-        self.local_epochs, self.local_steps, self.seed = local_epochs, local_steps, seed
-        self.selector = parts.selector or UniformSelector()
-        self.aggregator = parts.aggregator or FedAvg()
-        # a defence's parts run before the loop's own ones (an accountant before the budget that reads it)
-        self.client_transforms = [*parts.client_transforms, *client_transforms]
-        self.server_transforms = [*parts.server_transforms, *server_transforms]
-        self.broadcast_transforms = [*parts.broadcast_transforms, *broadcast_transforms]
-        self.callbacks = [*parts.callbacks, *callbacks]
-        self.client_callbacks = [*parts.client_callbacks, *client_callbacks]
-        check_composition(
-            client_transforms=self.client_transforms,
-            aggregator=self.aggregator,
-            callbacks=self.callbacks,
-            components=self.components(),
-        )
+        self.global_model, self.datamodule, self.defences = model, datamodule, list(defences)
+        self.num_rounds, self.local_epochs, self.local_steps, self.seed = num_rounds, local_epochs, local_steps, seed
+        self.selector, self.aggregator, self.callbacks = plugins.selector, plugins.aggregator, plugins.callbacks
+        self.client_transforms, self.server_transforms = plugins.client_transforms, plugins.server_transforms
+        self.broadcast_transforms, self.client_callbacks = plugins.broadcast_transforms, plugins.client_callbacks
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
-        self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
-        self.lock = RunLock(self.output_dir)
+        self.checkpoint, self.lock = Checkpoint(self.output_dir, enabled=checkpoint), RunLock(self.output_dir)
         self.recorder = RunRecorder(
             self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
         )
@@ -193,19 +176,19 @@ class FederatedLoop:
             workers, trainer_options=options, client_callbacks=self.client_callbacks, backend=backend, ranks=self.ranks
         )
         self.workers, self.backend = workers, backend
-        if workers > 1 and backend == "processes":  # the idle workers' cores evaluate (docs/performance.md)
-            self.evaluator.threads = min(workers, os.cpu_count() or 1)
-        self.runner = ClientRunner(model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key)
-        self.vectorised = VectorisedClients(
-            self.runner, vectorize, parallel=workers > 1 or backend == "ray" or self.ranks > 1
+        # with local worker processes, their idle cores evaluate (docs/performance.md)
+        threads = min(workers, os.cpu_count() or 1) if workers > 1 and backend == "processes" else None
+        self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric, threads=threads)
+        self.leaks = LeakPoints(self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
+        drawn = bool(self.leaks.listeners("on_client_update"))  # an attack on an update is scored on what it drew
+        self.runner = ClientRunner(
+            model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key, record_drawn=drawn
         )
+        parallel = workers > 1 or backend == "ray" or self.ranks > 1
+        self.vectorised = VectorisedClients(self.runner, vectorize, parallel=parallel)
+        store, context = self.runner.store, self.runner.context  # the clients' side, which evaluation asks
         self.client_evaluation = ClientEvaluation(
-            model,
-            datamodule,
-            self.runner.store,
-            options,
-            client_transforms=self.client_transforms,
-            context=self.runner.context,
+            model, datamodule, store, options, client_transforms=self.client_transforms, context=context
         )
         self._evaluate = functools.partial(
             evaluate_state, evaluator=self.evaluator, model=model, datamodule=datamodule, runner=self.runner
@@ -220,10 +203,8 @@ class FederatedLoop:
             clients=self.runner.store,
             callbacks=self.callbacks,
             client_callbacks=self.client_callbacks,
-            ledgers=[*self.callbacks, *self.components()],
+            ledgers=[*self.callbacks, *plugins.components],
         )
-        self.leaks = LeakPoints(self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
-        self.runner.record_drawn = bool(self.leaks.listeners("on_client_update"))
         self.downlink = Downlink(self.broadcast_transforms)
         self.server_step = ServerStep(
             aggregator=self.aggregator,
@@ -233,23 +214,47 @@ class FederatedLoop:
             leaks=self.leaks,
             client_context=self.runner.context,
         )
-        self.client_step = self._client_step(None)
+        self.client_step = ClientStep(
+            self.runner,
+            vectorised=self.vectorised,
+            downlink=self.downlink,
+            leaks=self.leaks,
+            client_transforms=self.client_transforms,
+            client_callbacks=self.client_callbacks,
+            callbacks=self.callbacks,
+            max_update_norm_ratio=self.max_update_norm_ratio,
+            max_update_norm=self.max_update_norm,
+            min_clients=min_clients,
+        )
         fingerprint = functools.partial(
             federation_fingerprint,
             spec=self.spec,
             datamodule=datamodule,
             model=model,
             defences=self.defences,
-            aggregator=self.aggregator,
-            selector=self.selector,
-            client_transforms=self.client_transforms,
-            server_transforms=self.server_transforms,
-            broadcast_transforms=self.broadcast_transforms,
-            client_callbacks=self.client_callbacks,
-            callbacks=self.callbacks,
             vectorize=self.vectorised.mode,
+            **plugins.by_stage(),
         )
-        self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner.store, fingerprint)
+        self.parts = RunParts(model, plugins.components, self.callbacks, self.recorder, self.runner.store, fingerprint)
+        one_round = Round(
+            spec=self.spec,
+            selector=self.selector,
+            client_step=self.client_step,
+            server_step=self.server_step,
+            callbacks=self.callbacks,
+            federation=self.view,
+        )
+        self.rounds = RoundLoop(
+            round=one_round,
+            parts=self.parts,
+            checkpoint=self.checkpoint if checkpoint else None,
+            evaluator=self.evaluator,
+            evaluate=self._evaluate,
+            callbacks=self.callbacks,
+            federation=self.view,
+            num_rounds=num_rounds,
+            progress_bar=progress_bar,
+        )
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
 
     @property
@@ -270,51 +275,35 @@ class FederatedLoop:
         return RoundContext(self.spec, self.round_idx, public_state(self.global_model))
 
     def run_round(self) -> dict[str, Any]:
-        """Run round ``round_idx`` in this process and commit it in memory (global model, history; no files);
-        returns its history entry. :meth:`fit` runs the rounds of a run."""
-        return self._rounds(None).step(self.round_idx)[0]
+        """Run round ``round_idx`` in this process and commit it in memory (no files); returns its history entry."""
+        return self.rounds.step(self.round_idx)[0]
 
     def evaluate(self) -> float:
         """Test accuracy of the global model, or the mean over trained clients' own models (``eval_on``)."""
         return self._evaluate(global_state_of(self.parts))
 
-    def components(self) -> list[Any]:
-        """The stateful server-side parts, in checkpoint order."""
-        transforms = [*self.client_transforms, *self.server_transforms, *self.broadcast_transforms]
-        return [self.selector, self.aggregator, *transforms]
-
     def fingerprint(self) -> dict[str, Any]:
-        """The settings that define this federation; a resumed run must match the checkpoint's (see
-        :mod:`lightning_fl.federation.fingerprint`)."""
+        """The settings that define this federation (see :mod:`lightning_fl.federation.fingerprint`)."""
         return self.parts.fingerprint()
 
     def setup_context(self) -> SetupContext:
-        """What the server-side parts inspect in their ``setup`` (no client state)."""
-        return SetupContext(
-            spec=self.spec,
-            datamodule=self.datamodule,
-            global_model=copy.deepcopy(self.global_model),
-            trainer_options=self.runner.trainer_options,
-            aggregator=self.aggregator,
-            server_transforms=tuple(self.server_transforms),
-            client_evaluation=self.client_evaluation,
-        )
+        """What the server-side parts inspect in their ``setup``: no client's state or data."""
+        options, evaluation = self.runner.trainer_options, self.client_evaluation
+        return setup_context(self.spec, self.datamodule, self.global_model, options, self.plugins, evaluation)
 
     def client_setup_context(self) -> ClientSetupContext:
-        """What the client transforms' client-side set-up (``setup_clients``) receives: the clients' own states."""
-        return ClientSetupContext(spec=self.spec, clients=tuple(self.runner.store))
+        """What the plug-ins' client-side set-up (``setup_clients``) receives: the clients' own states and data."""
+        return client_setup_context(spec=self.spec, datamodule=self.datamodule, clients=self.runner.store)
 
     def prepare(self, *, resume: bool = False, pool: ClientPool | None = None) -> None:
         """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.
 
-        Restores the last committed round (``resume``), runs every component's ``setup`` (their configuration
-        checks) and each client transform's client-side ``setup_clients`` (key ceremonies; skipped for a ``pool``
-        whose clients run their transforms themselves), and tests the global model on one batch, so a wrong
-        ``eval_metric`` fails here.
+        Restores the last committed round (``resume``), sets the plug-ins up (:func:`set_up_plugins`; not their
+        client side for a ``pool`` whose clients set themselves up) and tests the global model on one batch, so a
+        wrong ``eval_metric`` fails here.
 
         Raises:
-            ValueError: on a setting a component rejects, a checkpoint that does not belong to this federation
-                (naming the changed keys) or a corrupt one.
+            ValueError: on a setting a component rejects, or a checkpoint that does not belong to this federation.
             KeyError: when the model does not log ``eval_metric``.
             RuntimeError: when another live run holds ``output_dir``.
         """
@@ -328,13 +317,9 @@ class FederatedLoop:
         if restored is not None:
             self.round_idx = restored
             log.info("resumed after round %d", self.round_idx - 1)
-        setup = self.setup_context()
-        for component in self.components():
-            component.setup(setup)
-        if not (pool is not None and pool.encodes):  # a remote pool's clients set up their own transforms
-            client_setup = self.client_setup_context()
-            for transform in self.client_transforms:
-                transform.setup_clients(client_setup)
+        remote = pool is not None and pool.encodes  # a remote pool's clients set up their own transforms
+        client_setup = None if remote else self.client_setup_context()
+        set_up_plugins(self.plugins.components, setup=self.setup_context(), client_setup=client_setup)
         if self.evaluator.every and self.datamodule.has_test_set:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume
@@ -342,21 +327,10 @@ class FederatedLoop:
     def fit(self, *, resume: bool = False, overwrite: bool = False, pool: ClientPool | None = None) -> dict[str, Any]:
         """Run the remaining rounds; with ``resume``, continue from the last committed round.
 
-        As the ``lightning-fl fit`` command: into a directory that holds a run, a fresh fit raises unless it
-        continues it (``resume``) or replaces it (``overwrite``: the files that run wrote are deleted, other files
-        are kept; see :mod:`lightning_fl.federation.run_dir`).
-
-        The clients train in this process, or in the pool chosen once for this fit: ``pool`` when given (Flower's
-        SuperNodes), else ``loop.workers`` processes, Ray actors or the DDP ranks.
-
-        Each finished round is committed (checkpoint manifest) and appended to ``logs/metrics.csv`` and
-        ``summary.json``; ``output_dir`` is locked against a second run while this one writes.
-
-        Under DDP (``loop.trainer: {strategy: ddp, devices: N}``) this launches the N processes (see
-        :mod:`lightning_fl.federation.distributed`); only rank 0 returns the summary, the other ranks return ``{}``.
-
-        Returns:
-            the summary (also written to ``output_dir/summary.json``).
+        Into a directory that holds a run, a fresh fit raises unless it continues it (``resume``) or replaces it
+        (``overwrite``; :mod:`lightning_fl.federation.run_dir`). The clients train in this process or in the pool of
+        this fit (:func:`open_pool`: ``pool`` when given, as Flower's SuperNodes, else workers, Ray actors or DDP
+        ranks). Under DDP only rank 0 returns the summary (also in ``output_dir/summary.json``); the others ``{}``.
 
         Raises:
             ValueError: when ``output_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set, or both are.
@@ -365,65 +339,14 @@ class FederatedLoop:
         self.prepare(resume=resume, pool=pool)
         ranks = launch(self.process_options) if self.ranks > 1 else None
         if ranks is not None and ranks.device_type != "cpu":  # each rank trains on its own device
-            self.runner.trainer_options = {**self.runner.trainer_options, "devices": [ranks.local_rank]}
+            self.runner.use_devices([ranks.local_rank])
         if ranks is not None and ranks.rank > 0:
             serve(self.runner, ranks)  # trains the clients rank 0 sends; writes nothing
             return {}
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        open_run_dir(self.lock, resume=resume, overwrite=overwrite)  # after the launch: ranks checked the lock
-        try:
-            if resume:
-                self.checkpoint.remove_uncommitted()
-            with self._pool(ranks, pool) as chosen:
-                summary, self.round_idx = self._rounds(chosen).run(start=self.round_idx, num_clients=self.num_clients)
-                return summary
-        finally:
-            self.lock.release()
-
-    @contextlib.contextmanager
-    def _pool(self, ranks: Ranks | None, pool: ClientPool | None) -> Iterator[ClientPool | None]:
-        if pool is not None:
-            yield pool
-            return
         taps = bool(self.leaks.listeners("on_local_gradient"))
-        with open_pool(
-            self.runner, workers=self.workers, backend=self.backend, ranks=ranks, taps_local_gradients=taps
-        ) as opened:
-            yield opened
-
-    def _client_step(self, pool: ClientPool | None) -> ClientStep:
-        return ClientStep(
-            self.runner,
-            pool=pool,
-            vectorised=self.vectorised,
-            downlink=self.downlink,
-            leaks=self.leaks,
-            client_transforms=self.client_transforms,
-            client_callbacks=self.client_callbacks,
-            callbacks=self.callbacks,
-            max_update_norm_ratio=self.max_update_norm_ratio,
-            max_update_norm=self.max_update_norm,
-            min_clients=self.min_clients,
+        chosen = open_pool(
+            self.runner, workers=self.workers, backend=self.backend, ranks=ranks, taps_local_gradients=taps, given=pool
         )
-
-    def _rounds(self, pool: ClientPool | None) -> RoundLoop:
-        """The round loop of one ``fit`` whose clients train in ``pool`` (``None``: in this process)."""
-        one_round = Round(
-            spec=self.spec,
-            selector=self.selector,
-            client_step=self.client_step if pool is None else self._client_step(pool),
-            server_step=self.server_step,
-            callbacks=self.callbacks,
-            federation=self.view,
-        )
-        return RoundLoop(
-            round=one_round,
-            parts=self.parts,
-            checkpoint=self.checkpoint if self.checkpoint.enabled else None,
-            evaluator=self.evaluator,
-            evaluate=self._evaluate,
-            callbacks=self.callbacks,
-            federation=self.view,
-            num_rounds=self.num_rounds,
-            progress_bar=self.progress_bar,
-        )
+        with writing_run(self.lock, self.checkpoint, resume=resume, overwrite=overwrite), chosen as opened:
+            summary, self.round_idx = self.rounds.run(start=self.round_idx, num_clients=self.num_clients, pool=opened)
+        return summary

@@ -55,7 +55,7 @@ def check_train_loss_key(
     Raises:
         KeyError: naming ``loop.train_loss_key``, the keys ``training_step`` logged and the fix.
     """
-    from lightning_fl.federation.trainers import build_trainer, quiet_lightning
+    from lightning_fl.trainers import build_trainer, quiet_lightning
 
     options = {**trainer_options, "limit_train_batches": 1}
     with quiet_lightning():

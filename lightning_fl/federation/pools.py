@@ -28,13 +28,18 @@ def open_pool(
     backend: Literal["processes", "ray"],
     ranks: Ranks | None,
     taps_local_gradients: bool,
+    given: ClientPool | None = None,
 ) -> Iterator[ClientPool | None]:
-    """The pool that trains the clients of one ``fit``: ``workers`` processes, Ray actors, or the DDP ``ranks``;
-    ``None`` (train in this process) by default. Closed when the block ends.
+    """The pool that trains the clients of one ``fit``: the ``given`` one (Flower's SuperNodes; its owner closes it),
+    else ``workers`` processes, Ray actors, or the DDP ``ranks``; ``None`` (train in this process) by default.
+    A pool opened here is closed when the block ends.
 
     Raises:
         ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
     """
+    if given is not None:
+        yield given
+        return
     if workers == 1 and backend == "processes" and ranks is None:
         yield None
         return

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from lightning_fl.contexts import RoundContext
-from lightning_fl.federation.view import RoundReport
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.view import RoundReport
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import FederationSpec
-    from lightning_fl.federation.client_round import ClientStep
+    from lightning_fl.federation.client_round import ClientPool, ClientStep
     from lightning_fl.federation.server_round import ServerStep
-    from lightning_fl.federation.view import FederationView
     from lightning_fl.server import ClientSelector
+    from lightning_fl.view import FederationView
 
 __all__ = ["Round", "RoundResult"]
 
@@ -79,8 +79,9 @@ class Round:
         self.spec, self.selector, self.client_step, self.server_step = spec, selector, client_step, server_step
         self.callbacks, self.federation = tuple(callbacks), federation
 
-    def run(self, round_idx: int, global_state: Mapping[str, Tensor]) -> RoundResult:
-        """Round ``round_idx`` from ``global_state`` (the public global state, never written to).
+    def run(self, round_idx: int, global_state: Mapping[str, Tensor], pool: ClientPool | None = None) -> RoundResult:
+        """Round ``round_idx`` from ``global_state`` (the public global state, never written to); the clients train in
+        ``pool`` (``None``: in this process).
 
         Raises:
             RuntimeError: when fewer than ``loop.min_clients`` valid updates remain, or the aggregate is not finite.
@@ -93,7 +94,7 @@ class Round:
             report.touch(client_id)
         for cb in self.callbacks:  # each its own list: a callback cannot change who trains
             cb.on_round_start(federation, round_idx, list(selected))
-        clients = self.client_step.run(ctx, selected, federation)
+        clients = self.client_step.run(ctx, selected, federation, pool)
         server = self.server_step.run(ctx, clients, global_state=global_state, federation=federation)
         report.log_metrics(server.metrics)
         return RoundResult(

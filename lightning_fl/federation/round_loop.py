@@ -1,8 +1,8 @@
 """The loop over the rounds of one ``fit``, as Lightning's ``FitLoop`` is to ``Trainer.fit``.
 
-:meth:`FederatedLoop.fit <lightning_fl.federation.loop.FederatedLoop.fit>` prepares the run, launches the DDP ranks,
-locks ``output_dir``, opens the client pool and builds the :class:`~lightning_fl.federation.round.Round`;
-:class:`RoundLoop` then runs the remaining rounds with a progress bar. Each round is a value
+:class:`~lightning_fl.federation.loop.FederatedLoop` builds the :class:`~lightning_fl.federation.round.Round` and the
+:class:`RoundLoop` once; its ``fit`` prepares the run, launches the DDP ranks, locks ``output_dir`` and opens the client
+pool, and :class:`RoundLoop` then runs the remaining rounds in that pool with a progress bar. Each round is a value
 (:class:`~lightning_fl.federation.round.RoundResult`) that :meth:`RoundLoop.commit` writes: the new global state
 into the global model, the history entry (with the test accuracy when due), the ``on_round_end`` callbacks, the
 checkpoint manifest, ``logs/metrics.csv`` and ``summary.json``. It stops early when a plug-in asks.
@@ -17,16 +17,17 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from lightning_fl.federation.recording import RunRecorder
-from lightning_fl.federation.trainers import quiet_lightning
-from lightning_fl.federation.view import RoundReport
 from lightning_fl.private import load_state_into, public_state
+from lightning_fl.trainers import quiet_lightning
+from lightning_fl.view import RoundReport
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation.checkpoint import Checkpoint, RunParts
+    from lightning_fl.federation.client_round import ClientPool
     from lightning_fl.federation.evaluation import Evaluator
     from lightning_fl.federation.round import Round, RoundResult
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["RoundLoop", "global_state_of"]
 
@@ -70,10 +71,10 @@ class RoundLoop:
         self.callbacks, self.federation = tuple(callbacks), federation
         self.num_rounds, self.progress_bar = num_rounds, progress_bar
 
-    def step(self, round_idx: int) -> tuple[dict[str, Any], RoundReport]:
-        """Run round ``round_idx`` and commit it in memory; returns its history entry and what the callbacks of
-        its end reported (files are written by :meth:`run`)."""
-        return self.commit(self.round.run(round_idx, global_state_of(self.parts)))
+    def step(self, round_idx: int, pool: ClientPool | None = None) -> tuple[dict[str, Any], RoundReport]:
+        """Run round ``round_idx`` (its clients in ``pool``; ``None``: in this process) and commit it in memory;
+        returns its history entry and what the callbacks of its end reported (files are written by :meth:`run`)."""
+        return self.commit(self.round.run(round_idx, global_state_of(self.parts), pool))
 
     def commit(self, result: RoundResult) -> tuple[dict[str, Any], RoundReport]:
         """Write what ``result`` holds: its global state into the global model, its history entry (scored when
@@ -91,9 +92,10 @@ class RoundLoop:
         entry.update(report.metrics)
         return entry, report
 
-    def run(self, *, start: int, num_clients: int) -> tuple[dict[str, Any], int]:
-        """Run the remaining rounds from ``start``; before the first round of a fresh run, commit the start (all
-        ``num_clients``). Returns the summary and the next round to run."""
+    def run(self, *, start: int, num_clients: int, pool: ClientPool | None = None) -> tuple[dict[str, Any], int]:
+        """Run the remaining rounds from ``start``, their clients in ``pool`` (the fit's; ``None``: in this process);
+        before the first round of a fresh run, commit the start (all ``num_clients``). Returns the summary and the
+        next round to run."""
         from rich.progress import Progress
 
         recorder, round_idx, stop = self.parts.recorder, start, None
@@ -106,7 +108,7 @@ class RoundLoop:
         with quiet_lightning(), Progress(disable=not self.progress_bar) as progress:
             task = progress.add_task("rounds", total=self.num_rounds, completed=round_idx)
             while round_idx < self.num_rounds:
-                entry, report = self.step(round_idx)
+                entry, report = self.step(round_idx, pool)
                 round_idx += 1
                 if self.checkpoint is not None:
                     self.checkpoint.save_run(self.parts, round_idx=round_idx, touched=report.touched)

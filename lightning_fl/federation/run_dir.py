@@ -15,10 +15,12 @@ that holds a run but no record (written by an older lightning-fl, or not a run a
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "open_run_dir",
     "record_written",
     "run_outputs",
+    "writing_run",
     "written_entries",
 ]
 
@@ -181,6 +184,24 @@ def open_run_dir(lock: RunLock, *, resume: bool, overwrite: bool) -> None:
     claim_run_dir(lock, resume=resume, overwrite=overwrite)
     if overwrite:
         clear_run_dir(lock.path.parent)
+
+
+@contextlib.contextmanager
+def writing_run(lock: RunLock, checkpoint: Checkpoint, *, resume: bool, overwrite: bool) -> Iterator[None]:
+    """Hold the run directory while a ``fit`` writes it: created and claimed (:func:`open_run_dir`), a resumed run's
+    uncommitted files removed, the lock released when the block ends.
+
+    Raises:
+        RuntimeError, ValueError: see :func:`claim_run_dir`.
+    """
+    lock.path.parent.mkdir(parents=True, exist_ok=True)
+    open_run_dir(lock, resume=resume, overwrite=overwrite)
+    try:
+        if resume:
+            checkpoint.remove_uncommitted()
+        yield
+    finally:
+        lock.release()
 
 
 def _entries(root: Path) -> set[str]:

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.client_round import ClientStepResult
     from lightning_fl.federation.leak_points import LeakPoints
-    from lightning_fl.federation.view import FederationView
     from lightning_fl.server import Aggregator, ClientSelector
     from lightning_fl.transforms import ClientTransform, ServerTransform
+    from lightning_fl.view import FederationView
 
 __all__ = ["ServerStep", "ServerStepResult", "accepts_keyword"]
 

@@ -1,12 +1,11 @@
 """Server side: aggregation maths and rules (FedAvg, server optimisers, DPFL, FedBoosting, robust rules), client
 selection."""
 
-from typing import Any
-
 from lightning_fl.server.active_selection import ActiveSelector
 from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
 from lightning_fl.server.dpfl import DPFLAggregator
 from lightning_fl.server.fedavg import FedAvg
+from lightning_fl.server.fedboosting import FedBoosting
 from lightning_fl.server.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
 from lightning_fl.server.robust import (
     CoordinateMedian,
@@ -50,12 +49,3 @@ __all__ = [
     "weighted_average",
     "weighted_sum",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # FedBoosting reads Paillier ciphertexts (lightning_fl.defences), which import the aggregation maths above
-    if name == "FedBoosting":
-        from lightning_fl.server.fedboosting import FedBoosting
-
-        return FedBoosting
-    raise AttributeError(f"module 'lightning_fl.server' has no attribute {name!r}")

@@ -57,7 +57,15 @@ def weighted_average(deltas: Sequence[dict[str, Tensor]], weights: Sequence[floa
 
 
 class Aggregator(ABC):
-    """Turns the updates of one round into one aggregate delta. Subclass and implement :meth:`aggregate`."""
+    """Turns the updates of one round into one aggregate delta. Subclass and implement :meth:`aggregate`.
+
+    Attributes:
+        needs_encryption: whether it only makes sense on encrypted updates (a client transform that ``encrypts``).
+        reads_plaintext: whether it reads each client's plaintext update (no client transform may hide it).
+    """
+
+    needs_encryption: bool = False
+    reads_plaintext: bool = False
 
     def setup(self, ctx: SetupContext) -> None:
         """Called once before the first round with the run's shape and parts."""

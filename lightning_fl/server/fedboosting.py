@@ -49,16 +49,11 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_fl.defences.secure_aggregation.protocol import (
-    EncryptedAggregate,
-    PaillierAggregator,
-    check_payloads,
-    combine_updates,
-)
 from lightning_fl.messages import ClientUpdate
+from lightning_fl.server.encrypted import EncryptedAggregate, PaillierAggregator, check_payloads, combine_updates
 
 if TYPE_CHECKING:
-    from lightning_fl.contexts import ClientEvaluationStep, RoundContext, SetupContext
+    from lightning_fl.contexts import ClientEvaluationStep, ClientSetupContext, RoundContext, SetupContext
 
 __all__ = [
     "WEIGHTINGS",
@@ -344,14 +339,21 @@ class FedBoosting(PaillierAggregator):
     # -- setup -----------------------------------------------------------------------------------------
     @override
     def setup(self, ctx: SetupContext) -> None:
-        empty = [k for k in range(ctx.spec.num_clients) if len(ctx.datamodule.client_val_set(k)) == 0]
+        self._check_fusion(ctx.spec.clients_per_round)
+        self._clients = ctx.client_evaluation
+
+    def setup_clients(self, ctx: ClientSetupContext) -> None:
+        """Client side, before the first round: every client must hold a validation split to cross-validate on.
+
+        Raises:
+            ValueError: naming the clients without one and the setting that gives them one.
+        """
+        empty = [k for k, val in enumerate(ctx.val_sets) if len(val) == 0]
         if empty:
             raise ValueError(
                 f"FedBoosting needs a validation set on every client, but clients {empty[:5]} have none; "
-                f"raise data.val_fraction (now {ctx.datamodule.val_fraction})."
+                "raise data.val_fraction."
             )
-        self._check_fusion(ctx.spec.clients_per_round)
-        self._clients = ctx.client_evaluation
 
     def _check_fusion(self, num_clients: int) -> None:
         if self.fusion_p_hat is None or num_clients == 1:

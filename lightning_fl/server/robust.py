@@ -208,6 +208,8 @@ class RobustAggregator(Aggregator):
     It refuses encoded updates (a ``payload``: Paillier ciphertexts): their values are hidden from the server.
     """
 
+    reads_plaintext = True
+
     def _deltas(self, updates: Sequence[ClientUpdate]) -> list[Delta]:
         if any(u.payload is not None for u in updates):
             raise ValueError(

@@ -19,6 +19,7 @@ from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import KeyLocks, apply_defences
 from lightning_fl.models import ImageClassifier
+from lightning_fl.transforms import apply_server_plugins
 from tests.conftest import make_classifier
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -47,7 +48,7 @@ def _imprint(dm: FederatedDataModule, num_bins: int, gain: float = 1.0) -> Malic
 
 
 def _imprinted(dm: FederatedDataModule, num_bins: int, gain: float = 1.0) -> ImageClassifier:
-    return apply_defences(make_classifier(dm, optimizer="sgd", lr=0.1), [_imprint(dm, num_bins, gain)])
+    return apply_server_plugins(make_classifier(dm, optimizer="sgd", lr=0.1), [_imprint(dm, num_bins, gain)])
 
 
 def _recovered(images: torch.Tensor, truth: torch.Tensor) -> int:
@@ -72,7 +73,7 @@ def test_imprint_block_keeps_the_models_function(digits: FederatedDataModule) ->
     images, _ = _held_out(digits, 32)
     model = make_classifier(digits)
     before = model(images).argmax(1)
-    after = apply_defences(model, [_imprint(digits, num_bins=256)])
+    after = apply_server_plugins(model, [_imprint(digits, num_bins=256)])
     assert (after(images).argmax(1) == before).float().mean() >= 0.9
 
 
@@ -112,7 +113,7 @@ def test_server_reimposes_the_imprint_and_the_attack_reads_both_leak_points(
     loop = FederatedLoop(
         make_classifier(digits, optimizer="sgd", lr=0.1),
         FederatedDataModule("digits", num_clients=20, partition="iid", image_size=16, val_fraction=0.0, batch_size=8),
-        defences=[imprint],
+        server_plugins=[imprint],
         callbacks=leaks,
         num_rounds=2,
         clients_per_round=2,
@@ -125,7 +126,7 @@ def test_server_reimposes_the_imprint_and_the_attack_reads_both_leak_points(
     summary = loop.fit()
     assert any(k.startswith("imprint.bins") for k in loop.spec.update_keys)  # the block is public: it is shipped
     assert not torch.equal(loop.global_model.imprint.bins.bias, imprint.block.malicious["bins.bias"])  # FedAvg moved it
-    sent = imprint.parts().broadcast_transforms[0](dict(loop.global_public_state()), ctx=loop.round_context())
+    sent = imprint.broadcast_transforms()[0](dict(loop.global_public_state()), ctx=loop.round_context())
     assert torch.equal(sent["imprint.bins.bias"], imprint.block.malicious["bins.bias"])
     entries = {e["leak_point"]: e for e in json.loads((tmp_path / "summary.json").read_text())["attacks"]}
     assert entries["local_gradient"]["recovered"] >= 6  # one step of 8 images
@@ -143,7 +144,8 @@ def test_an_update_of_one_step_on_one_image_is_scored_against_that_image(
     FederatedLoop(
         make_classifier(digits, optimizer="sgd", lr=0.1),
         FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16, val_fraction=0.0, batch_size=1),
-        defences=[_imprint(digits, num_bins=64)], callbacks=[leak], num_rounds=1, clients_per_round=2, local_steps=1,
+        server_plugins=[_imprint(digits, num_bins=64)], callbacks=[leak], num_rounds=1, clients_per_round=2,
+        local_steps=1,
         eval_every=0, checkpoint=False, progress_bar=False, output_dir=tmp_path,
     ).fit()  # fmt: skip
     entry = json.loads((tmp_path / "summary.json").read_text())["attacks"][0]

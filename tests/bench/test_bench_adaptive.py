@@ -57,7 +57,7 @@ def test_aggregate_of_two_clients_is_attacked_as_one_update_of_both_clients_imag
             "ig": MINI["attacks"]["ig"],
             "robbing_the_fed": {
                 "class_path": "lightning_fl.attacks.RobbingTheFedAttack",
-                "server_defences": [imprint],
+                "server_plugins": [imprint],
             },
         },
     }

@@ -52,7 +52,7 @@ def test_malicious_server_and_analytic_rows_per_defence_with_their_own_runs(tmp_
 def test_shipped_imprint_statistics_are_the_test_split_feature(preset: str) -> None:
     """The server's public statistics of the imprint feature: mean and std of the feature on the test split."""
     settings = load_settings(preset, quick=True)
-    imprint = settings["attacks"]["robbing_the_fed"]["server_defences"][0]["init_args"]
+    imprint = settings["attacks"]["robbing_the_fed"]["server_plugins"][0]["init_args"]
     data = FederatedDataModule(**{**settings["data"], "num_clients": 2, "seed": 0})
     data.setup()
     images = torch.stack([image for image, _ in data.test_set])

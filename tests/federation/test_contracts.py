@@ -4,6 +4,7 @@ changes a client's own state only through ``FederationView.set_client_extra``.""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -76,8 +77,49 @@ def test_a_callback_changes_client_state_only_through_set_client_extra(tmp_path)
 
 def test_the_server_side_setup_context_carries_no_client_state() -> None:
     fields = {f.name for f in dataclasses.fields(SetupContext)}
-    assert "clients" not in fields and fields >= {"spec", "datamodule", "global_model", "aggregator"}
-    assert {f.name for f in dataclasses.fields(ClientSetupContext)} == {"spec", "clients"}
+    assert "clients" not in fields and fields >= {"spec", "test_set", "global_model", "aggregator"}
+    assert {f.name for f in dataclasses.fields(ClientSetupContext)} == {"spec", "clients", "val_sets"}
+
+
+def _reachable(root: object, depth: int = 6) -> list[object]:
+    """Every object a plug-in reaches from ``root`` through public attributes, dataclass fields, containers and bound
+    methods (what it may touch without reaching into private names)."""
+    seen: dict[int, object] = {}
+    frontier = [root]
+    for _ in range(depth):
+        found = []
+        for obj in frontier:
+            if id(obj) in seen or isinstance(obj, str | bytes | int | float | torch.Tensor | type):
+                continue
+            seen[id(obj)] = obj
+            if isinstance(obj, dict):
+                found += list(obj.values())
+            elif isinstance(obj, list | tuple | set | frozenset):
+                found += list(obj)
+            elif inspect.ismethod(obj):
+                found.append(obj.__self__)
+            elif dataclasses.is_dataclass(obj):
+                found += [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+            elif hasattr(obj, "__dict__"):
+                found += [v for k, v in vars(obj).items() if not k.startswith("_")]
+        frontier = found
+    return list(seen.values())
+
+
+def test_a_server_side_setup_plug_in_cannot_reach_any_client_data(tmp_path) -> None:
+    loop = three_keylock_clients(tmp_path)
+    dm = loop.datamodule
+    client_data = [
+        dm,
+        dm.train_set,
+        *(dm.client_train_set(k) for k in range(3)),
+        *(dm.client_val_set(k) for k in range(3)),
+    ]
+    server_side = _reachable(loop.setup_context())
+    assert not [type(d).__name__ for d in client_data if any(d is obj for obj in server_side)]
+    assert any(dm.test_set is obj for obj in server_side)  # what the server holds is there
+    client_side = _reachable(loop.client_setup_context())
+    assert all(any(dm.client_val_set(k) is obj for obj in client_side) for k in range(3))  # the walk finds data
 
 
 def test_the_setup_context_holds_a_copy_of_the_global_model(tmp_path) -> None:

@@ -16,8 +16,8 @@ from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import FedCDP, KeyLocks
 from lightning_fl.federation.evaluation import Evaluator
 from lightning_fl.federation.fabric_fit import lean_test, model_needs_trainer
-from lightning_fl.federation.trainers import build_trainer, quiet_lightning, trainer_options
 from lightning_fl.private import public_state
+from lightning_fl.trainers import build_trainer, quiet_lightning, trainer_options
 from tests.conftest import make_classifier
 from tests.federation.user_model import UserNet
 

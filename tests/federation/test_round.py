@@ -42,7 +42,7 @@ def test_a_round_returns_its_values_and_changes_no_model(tmp_path, monkeypatch, 
     loop = three_keylock_clients(tmp_path, aggregator=aggregator)
     fail_client_1(loop, monkeypatch)
     before = {k: v.clone() for k, v in public_state(loop.global_model).items()}
-    one_round = loop._rounds(None).round
+    one_round = loop.rounds.round
     with pytest.warns(UserWarning, match="client 1 failed"):
         result = one_round.run(0, before)
     assert isinstance(result, RoundResult) and result.round_idx == 0
@@ -56,7 +56,7 @@ def test_a_round_returns_its_values_and_changes_no_model(tmp_path, monkeypatch, 
 
 def test_the_commit_writes_what_the_result_holds(tmp_path) -> None:
     loop = three_keylock_clients(tmp_path)
-    rounds = loop._rounds(None)
+    rounds = loop.rounds
     start = {k: v.clone() for k, v in public_state(loop.global_model).items()}
     key = loop.spec.update_keys[0]
     result = RoundResult(0, {key: start[key] + 1.0}, metrics={"note": 3.0}, stop="enough")

@@ -112,7 +112,7 @@ def test_a_robust_aggregator_with_encryption_is_a_config_error(transform) -> Non
 
 def _setup(clients_per_round: int) -> SetupContext:
     spec = plugin_context(num_clients=10, clients_per_round=clients_per_round).spec
-    return SetupContext(spec=spec, datamodule=None, global_model=None)
+    return SetupContext(spec=spec, test_set=None, global_model=None)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, FederationSpec, RoundContext
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["DPFedAvg", "update_noise_multiplier"]
 

@@ -39,7 +39,7 @@ from lightning_fl.privacy.sampling import PoissonBatchSampler, poisson_loader
 from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
-    from lightning_fl.federation.leak_points import GradientRelease
+    from lightning_fl.messages import GradientRelease
 
 __all__ = ["AccountingNoise", "DPSGDPlan", "PerExampleDP", "Sampling", "check_dp_sgd_options"]
 

@@ -24,7 +24,7 @@ from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import FederationSpec, RoundContext, SetupContext
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["DownlinkNoise", "DualDP", "DualDPFL", "ServerNoiseMode"]
 

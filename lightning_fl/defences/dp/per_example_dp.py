@@ -42,7 +42,7 @@ from lightning_fl.privacy.schedules import Schedule
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import FederationSpec
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["AccountingScope", "ClientDPSGD", "Clipping", "FedCDP", "NoiseScaling", "PerExampleDP", "Sampling"]
 

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_fl.defences.base import Defence, DefenceParts
-from lightning_fl.federation.trainers import build_trainer, quiet_lightning
 from lightning_fl.private import load_state_into
+from lightning_fl.trainers import build_trainer, quiet_lightning
 from lightning_fl.transforms import ServerTransform
 
 if TYPE_CHECKING:
-    from lightning_fl.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import ClientSetupContext, RoundContext, SetupContext
 
 __all__ = ["PublicFineTune"]
 
@@ -55,17 +55,21 @@ class PublicFineTune(ServerTransform, Defence):
 
     @override
     def setup(self, ctx: SetupContext) -> None:
-        dm = ctx.datamodule
         if self.source == "test":
-            pool = dm.test_set
-        else:
-            parts = [dm.client_val_set(k) for k in range(ctx.spec.num_clients)]
-            pool = torch.utils.data.ConcatDataset(parts)
-        if len(pool) == 0:
+            self._draw(ctx.test_set)
+        self._model, self._options = copy.deepcopy(ctx.global_model), ctx.trainer_options
+
+    def setup_clients(self, ctx: ClientSetupContext) -> None:
+        """Client side, before the first round: with ``source="validation"``, the clients give the server their
+        validation splits (the deviation this source stands for)."""
+        if self.source == "validation":
+            self._draw(torch.utils.data.ConcatDataset(ctx.val_sets))
+
+    def _draw(self, pool: Dataset | None) -> None:
+        if pool is None or len(pool) == 0:
             raise ValueError(f"PublicFineTune(source={self.source!r}) found no samples; use the other source.")
         idx = torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.seed))[: self.num_samples]
         self._public = torch.utils.data.Subset(pool, idx.tolist())
-        self._model, self._options = copy.deepcopy(ctx.global_model), ctx.trainer_options
 
     @override
     def parts(self) -> DefenceParts:
@@ -73,6 +77,11 @@ class PublicFineTune(ServerTransform, Defence):
 
     @override
     def __call__(self, delta: dict[str, Tensor], *, ctx: RoundContext) -> dict[str, Tensor]:
+        if self._public is None:
+            raise RuntimeError(
+                f"PublicFineTune(source={self.source!r}) has no public data: the clients' validation splits come "
+                "through setup_clients, which clients in another process (Flower) do not run; use source='test'."
+            )
         global_state = ctx.global_state
         model = copy.deepcopy(self._model)  # the server's copy: public state loaded, private layers its own init
         load_state_into(model, {**global_state, **{k: global_state[k] + v for k, v in delta.items()}})

@@ -290,6 +290,12 @@ class EncryptedTensors:
     weight_sum: int = 1
     normaliser: int = 1
 
+    @staticmethod
+    def weighted_sum(items: Sequence[EncryptedTensors], *, weights: Sequence[int], normaliser: int) -> EncryptedTensors:
+        """The homomorphic weighted sum of ``items`` (:func:`weighted_sum`): how the server combines payloads of
+        this type (:class:`~lightning_fl.server.encrypted.LinearPayload`)."""
+        return weighted_sum(items, weights=weights, normaliser=normaliser)
+
     @property
     def num_values(self) -> int:
         return sum(math.prod(shape) for shape in self.shapes.values())

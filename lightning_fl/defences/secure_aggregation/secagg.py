@@ -52,7 +52,7 @@ from lightning_fl.transforms import ClientTransform
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, RoundContext
-    from lightning_fl.federation.view import FederationView
+    from lightning_fl.view import FederationView
 
 __all__ = ["MaskedInput", "SecAggMasking", "SecAggSum"]
 
@@ -120,6 +120,8 @@ class SecAggMasking(ClientTransform, FederatedCallback, Defence):
     Raises:
         ValueError: on a threshold outside [0.5, 1), or a ring too small for the precision.
     """
+
+    hides_update = True
 
     def __init__(
         self, *, threshold: float = 0.5, precision_bits: int = 24, bits: int = 62, weighted: bool = True

@@ -1,4 +1,9 @@
-"""The read-only view of a federation that FL callbacks receive, as Lightning callbacks receive the Trainer."""
+"""The read-only view of a federation that FL callbacks receive, as Lightning callbacks receive the Trainer.
+
+It sits beside :mod:`lightning_fl.contexts`, outside :mod:`lightning_fl.federation`, so that callbacks and defences
+import it without importing the loop's package; what it reads from the run (the records, the clients' states) it
+receives as the small protocols below.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from torch import Tensor
 
@@ -18,10 +23,28 @@ if TYPE_CHECKING:
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
-    from lightning_fl.federation.client_store import ClientStore
-    from lightning_fl.federation.recording import RunRecorder
+__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundReport", "RunRecords", "StateStore"]
 
-__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundReport"]
+
+class RunRecords(Protocol):
+    """What a view reads and reports into of a run's records
+    (:class:`~lightning_fl.federation.recording.RunRecorder`)."""
+
+    loggers: Sequence[Logger]
+    history: Sequence[dict[str, Any]]
+    privacy: dict[str, dict[str, Any]]
+
+    def record_attack(self, entry: dict[str, Any]) -> None: ...
+
+
+class StateStore(Protocol):
+    """The clients' own states and their one writer (:class:`~lightning_fl.federation.client_store.ClientStore`)."""
+
+    def __getitem__(self, client_id: int) -> ClientState: ...
+
+    def __len__(self) -> int: ...
+
+    def set_extra(self, client_id: int, key: str, value: Any) -> None: ...
 
 
 @dataclass
@@ -69,7 +92,7 @@ def _copy(state: ClientState) -> ClientState:
 class ClientStates(Sequence[ClientState]):
     """The clients' own states, read-only: each item is a copy taken when it is read."""
 
-    def __init__(self, states: Sequence[ClientState]) -> None:
+    def __init__(self, states: StateStore | Sequence[ClientState]) -> None:
         self._states = states
 
     @overload
@@ -169,8 +192,8 @@ class FederationView:
         num_rounds: int,
         output_dir: Path,
         global_model: L.LightningModule,
-        recorder: RunRecorder,
-        clients: ClientStore,
+        recorder: RunRecords,
+        clients: StateStore,
         callbacks: Sequence[Any],
         client_callbacks: Sequence[L.Callback],
         ledgers: Sequence[Any],
