@@ -32,24 +32,19 @@ def _printed(capsys: pytest.CaptureFixture, *args: str) -> dict:
 
 def test_an_index_changes_one_entry_of_a_list_and_keeps_the_others(capsys: pytest.CaptureFixture) -> None:
     noise = ["--defences+", "lightning_fl.defences.GaussianNoise", "--defences.init_args.noise_std", "0.01"]
-    before = _printed(capsys, *noise)
-    after = _printed(
-        capsys,
-        *noise,
-        "--defences.0.init_args.feature_mean",
-        "0.43",
-        "--defences.0.init_args.feature_std=0.2",
-    )
-    imprint = after["defences"][0]["init_args"]
-    assert imprint["feature_mean"] == 0.43 and imprint["feature_std"] == 0.2
-    assert imprint["num_bins"] == 1024 and after["defences"][1] == before["defences"][1]
+    pruning = ["--defences+", "lightning_fl.defences.GradientPruning", "--defences.init_args.ratio", "0.5"]
+    before = _printed(capsys, *noise, *pruning)
+    after = _printed(capsys, *noise, *pruning, "--defences.0.init_args.noise_std", "0.2")
+    assert after["defences"][0]["init_args"]["noise_std"] == 0.2 and after["defences"][1] == before["defences"][1]
+    imprint = _printed(capsys, "--server_plugins.0.init_args.feature_mean", "0.43")["server_plugins"][0]["init_args"]
+    assert imprint["feature_mean"] == 0.43 and imprint["num_bins"] == 1024
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--defences.3.init_args.gain", "2"], "defences has 1 entries (indices 0-0); append one with --defences+"),
-        (["--defences.0.init_args.num_bins", "many"], "num_bins"),
+        (["--server_plugins.3.init_args.gain", "2"], "server_plugins has 1 entries (indices 0-0)"),
+        (["--server_plugins.0.init_args.num_bins", "many"], "num_bins"),
         (["--run.0.batch_size", "2"], "run is not a list in this config"),
     ],
 )
