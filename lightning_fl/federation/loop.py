@@ -248,6 +248,9 @@ class FederatedLoop:
             client_callbacks=self.client_callbacks,
             callbacks=self.callbacks,
             vectorize=self.vectorised.mode,
+            trainer=self.process_options,
+            norm_bounds=(self.max_update_norm_ratio, self.max_update_norm),
+            eval_on=self.evaluator.on,
         )
         self.parts = RunParts(model, self.components(), self.callbacks, self.recorder, self.runner.store, fingerprint)
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
