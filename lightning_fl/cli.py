@@ -48,7 +48,6 @@ from lightning_fl.validation import (
     check_learning_rate,
     check_num_rounds,
     check_output_dir,
-    check_private_state_stays_local,
     check_resume,
     check_seed,
     check_trainer_options,
@@ -118,7 +117,6 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
-    check_private_state_stays_local(loop.global_model, cfg.loop.trainer, loop.client_callbacks)
     check_workers(
         loop.workers,
         trainer_options=loop.process_options,

@@ -1,16 +1,19 @@
 """Checks that a run's plug-ins compose: orders and combinations that would run but do something else than asked.
 
 Each rule raises one ``ValueError`` that names the plug-ins and the fix; :class:`~lightning_fl.federation.FederatedLoop`
-applies them when it is built (the ``lightning-fl`` command then exits with 2 before writing anything). Defences
-listed twice and the order of model defences are handled by :func:`~lightning_fl.defences.apply_defences`.
+applies them when it is built (the ``lightning-fl`` command then exits with 2 before writing anything). A defence
+given twice, in one list or in ``defences`` and ``loop.*``, is refused by one rule,
+:func:`~lightning_fl.defences.base.check_defences_once`; the order of model defences is handled by
+:func:`~lightning_fl.defences.apply_defences`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_fl.callbacks.privacy_budget import PrivacyBudget
+from lightning_fl.defences.base import check_defences_once
 from lightning_fl.defences.secure_aggregation.protocol import PaillierEncryption, SecureFedAvg
 from lightning_fl.defences.secure_aggregation.secagg import SecAggMasking
 from lightning_fl.privacy.accounting import PrivacyLedger
@@ -22,6 +25,7 @@ __all__ = [
     "check_encryption_last",
     "check_robust_reads_plaintext",
     "check_secure_aggregation",
+    "check_secure_aggregation_has_company",
 ]
 
 
@@ -106,15 +110,52 @@ def check_budget_has_ledger(callbacks: Sequence[Any], components: Sequence[Any])
         )
 
 
+def check_secure_aggregation_has_company(
+    aggregator: Any, client_transforms: Sequence[Any], *, clients_per_round: int
+) -> None:
+    """Secure aggregation (Paillier, SecAgg masks) hides one update among the others of its round; with one client a
+    round the aggregate is that client's update, which every client then decrypts: it protects nothing.
+
+    Raises:
+        ValueError: naming the encryption and ``loop.clients_per_round``.
+
+    Example:
+        >>> check_secure_aggregation_has_company(None, [SecAggMasking()], clients_per_round=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: SecAggMasking aggregates one client a round (loop.clients_per_round=1), so the aggregate is that client's own update and hides nothing; set loop.clients_per_round to 2 or more, or drop the secure aggregation.
+    """  # noqa: E501
+    hiding = [t for t in client_transforms if isinstance(t, PaillierEncryption | SecAggMasking)]
+    hiding += [aggregator] if isinstance(aggregator, SecureFedAvg) else []
+    if hiding and clients_per_round < 2:
+        raise ValueError(
+            f"{type(hiding[0]).__name__} aggregates one client a round (loop.clients_per_round={clients_per_round}), "
+            "so the aggregate is that client's own update and hides nothing; set loop.clients_per_round to 2 or "
+            "more, or drop the secure aggregation."
+        )
+
+
 def check_composition(
-    *, client_transforms: Sequence[Any], aggregator: Any, callbacks: Sequence[Any], components: Sequence[Any]
+    *,
+    client_transforms: Sequence[Any],
+    aggregator: Any,
+    callbacks: Sequence[Any],
+    components: Sequence[Any],
+    stages: Mapping[str, Sequence[Any]] | None = None,
+    clients_per_round: int | None = None,
 ) -> None:
     """Apply every rule of this module to a run's merged plug-ins (defence parts and the loop's own).
+
+    ``stages`` are the merged chains by name, checked for a defence given twice
+    (:func:`~lightning_fl.defences.base.check_defences_once`); ``clients_per_round`` is the run's ``K_t``.
 
     Raises:
         ValueError: from the first rule that fails.
     """
-    check_encryption_last(client_transforms)
+    check_encryption_last(client_transforms)  # names a second encryption before the general rule does
+    check_defences_once(stages or {})
+    if clients_per_round is not None:
+        check_secure_aggregation_has_company(aggregator, client_transforms, clients_per_round=clients_per_round)
     check_secure_aggregation(aggregator, client_transforms)
     check_robust_reads_plaintext(aggregator, client_transforms)
     check_budget_has_ledger(callbacks, components)

@@ -54,7 +54,7 @@ from lightning_fl.federation.workers import check_workers
 from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector, FedAvg, UniformSelector
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
-from lightning_fl.validation import check_federated_data
+from lightning_fl.validation import check_federated_data, check_private_state_stays_local
 
 __all__ = ["FederatedLoop"]
 
@@ -182,7 +182,18 @@ class FederatedLoop:
             aggregator=self.aggregator,
             callbacks=self.callbacks,
             components=self.components(),
+            stages={  # the merged chains: a defence's parts, then the loop's own
+                "loop.client_transforms": self.client_transforms,
+                "loop.server_transforms": self.server_transforms,
+                "loop.broadcast_transforms": self.broadcast_transforms,
+                "loop.callbacks": self.callbacks,
+                "loop.client_callbacks": self.client_callbacks,
+            },
+            clients_per_round=self.clients_per_round,
         )
+        check_private_state_stays_local(
+            model, trainer, self.client_callbacks
+        )  # also for Python users, not only the CLI
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
         self.checkpoint = Checkpoint(self.output_dir, enabled=checkpoint)
         self.lock = RunLock(self.output_dir)
