@@ -10,6 +10,7 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ _CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
 _MISSING_CLASS = re.compile(
     r"module '([\w.]+)' has no attribute '(\w+)'|Import path ([\w.]+)\.(\w+) does not correspond"
 )
+_NULL_GROUP = re.compile(r'Unable to load config "(null|None|~)?"')
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -108,11 +110,34 @@ def _most_specific(err: BaseException) -> str:
     refusal = next((line for line in _UNION_REFUSAL.findall(union) if not line.endswith(":")), None)
     if refusal:  # a class of the union refused its arguments: its message, not the other alternative's
         return refusal
-    return innermost.split(" failed: ", 1)[-1]
+    return _raised_where(last) + innermost.split(" failed: ", 1)[-1]
+
+
+def _raised_where(err: BaseException) -> str:
+    """``<module>.<function> raised <Type>: `` when ``err`` comes from the user's own code (neither the toolkit nor an
+    installed library), whose message cannot name a config key: ``user init failed`` alone says nothing of where.
+
+    Example:
+        >>> _raised_where(ValueError("x"))  # never raised: no traceback
+        ''
+    """
+    tb = err.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code, module = tb.tb_frame.f_code, tb.tb_frame.f_globals.get("__name__", "?")
+    path = Path(code.co_filename).resolve()
+    installed = any(part in ("site-packages", "dist-packages") for part in path.parts)
+    if installed or path.is_relative_to(_PACKAGE) or path.is_relative_to(Path(sys.base_prefix).resolve()):
+        return ""
+    return f"{module}.{code.co_qualname} raised {type(err).__name__}: "
 
 
 def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
+    if _NULL_GROUP.search(innermost):  # ``loop: null``: jsonargparse reads null as a config file to load
+        return f"{key}: null is not allowed; give {key} as a mapping of its settings, or leave the key out."
     class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
     option = _NOT_ACCEPTED.search(innermost)
     if option and "." in option.group(1):  # a key beside class_path, not an option of the class

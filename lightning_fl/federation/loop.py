@@ -345,6 +345,8 @@ class FederatedLoop:
         setup = self.setup_context()
         for component in self.components():
             component.setup(setup)
+        for callback in self.callbacks:  # their checks that need the set-up run, before anything is written
+            callback.check_fit(self.view.at(self.round_idx))
         if not (pool is not None and pool.encodes):  # a remote pool's clients set up their own transforms
             client_setup = self.client_setup_context()
             for transform in self.client_transforms:
