@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
-from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
+from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -108,6 +108,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         check_run_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     init = _instantiate(parser, cfg)
     _check_fit(cfg, init)
+    links = data_links(cfg.model.get("init_args"), init.data)
+    overridden = [f"model.init_args.{k}={new!r} (instead of {old!r})" for k, (old, new) in links.items() if old != new]
+    if overridden and not rank:
+        print(f"taken from the data: {', '.join(overridden)}")
     loop = FederatedLoop(
         init.model,
         init.data,
@@ -146,6 +150,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
                 if cfg.overwrite:
                     clear_run_dir(output_dir)
                 parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
+                record_data_links(output_dir / "config.yaml", {k: new for k, (_, new) in links.items()})
             summary = loop.fit(resume=cfg.resume)
         finally:
             loop.lock.release()

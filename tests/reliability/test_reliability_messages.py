@@ -9,6 +9,7 @@ key or fix; a ``PrivacyBudget`` below the first round's epsilon, ``DPFedAvg(nois
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from lightning_fl.cli import main
 from tests.reliability.helpers import CONFIGS, FAST, QUICKSTART
@@ -72,3 +73,18 @@ def test_a_bad_input_exits_2_before_writing_with_one_line_naming_it(
     assert code == 2 and len(errors) == 1, errors
     assert errors[0].startswith("lightning-fl: error: ") and message in errors[0], errors[0]
     assert not run.exists()
+
+
+def test_what_the_data_overrides_is_said_and_recorded_in_config_yaml(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    args = [*FAST, "--loop.local_steps", "1", "--loop.eval_every", "0"]
+    assert (
+        main(["fit", "-c", str(QUICKSTART), "--output_dir", str(run), *args, "--model.init_args.num_classes", "5"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "taken from the data: model.init_args.num_classes=10 (instead of 5), model.init_args.image_size=16" in out
+    saved = yaml.safe_load((run / "config.yaml").read_text())["model"]["init_args"]
+    assert (saved["num_classes"], saved["in_channels"], saved["image_size"]) == (10, 1, 16)
+    again = tmp_path / "again"  # the recorded config runs again as it is
+    assert main(["fit", "-c", str(run / "config.yaml"), "--output_dir", str(again)]) == 0
+    assert "taken from the data" not in capsys.readouterr().out
