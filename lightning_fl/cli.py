@@ -344,7 +344,9 @@ def _main(args: list[str]) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
-        print(f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args))}", file=sys.stderr)
+        print(
+            f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args), where=True)}", file=sys.stderr
+        )
         return EXIT_BAD_CONFIG
     try:
         run()

@@ -62,16 +62,18 @@ def _chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None = None) -> str:
+def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None = None, *, where: bool = False) -> str:
     """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
 
     jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
     the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
     turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.`` A library error that
     the toolkit wrapped in its own message (``raise ValueError(...) from err``) gives the toolkit's message, which
-    names the key and the fix. An unknown key gets the nearest of ``known_keys()`` as a suggestion.
+    names the key and the fix. An unknown key gets the nearest of ``known_keys()`` as a suggestion. With ``where``
+    (a config rejected before training), an error from the user's own code that names no key says where it was
+    raised (``my_project.Net.__init__ raised RuntimeError: ...``).
     """
-    message = _most_specific(err)
+    message = _most_specific(err, where=where)
     unknown = _UNKNOWN_KEY.search(message)
     if unknown and known_keys is not None:
         key = unknown.group(1) or unknown.group(2)
@@ -82,7 +84,7 @@ def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None 
     return message
 
 
-def _most_specific(err: BaseException) -> str:
+def _most_specific(err: BaseException, *, where: bool = False) -> str:
     chain = _chain(err)
     keys: list[str] = []
     for link in chain:
@@ -110,7 +112,7 @@ def _most_specific(err: BaseException) -> str:
     refusal = next((line for line in _UNION_REFUSAL.findall(union) if not line.endswith(":")), None)
     if refusal:  # a class of the union refused its arguments: its message, not the other alternative's
         return refusal
-    return _raised_where(last) + innermost.split(" failed: ", 1)[-1]
+    return (_raised_where(last) if where else "") + innermost.split(" failed: ", 1)[-1]
 
 
 def _raised_where(err: BaseException) -> str:
