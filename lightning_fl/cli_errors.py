@@ -10,6 +10,7 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ _CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
 _MISSING_CLASS = re.compile(
     r"module '([\w.]+)' has no attribute '(\w+)'|Import path ([\w.]+)\.(\w+) does not correspond"
 )
+_NULL_GROUP = re.compile(r'Unable to load config "(null|None|~)?"')
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -60,16 +62,18 @@ def _chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None = None) -> str:
+def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None = None, *, where: bool = False) -> str:
     """The most specific message of ``err`` on one line, with the full config key when jsonargparse knows it.
 
     jsonargparse nests its errors (``Parser key "model"`` wraps ``Parser key "optimizer"`` of the chosen class);
     the keys are joined back into ``model.init_args.optimizer`` and its ``Expected a <type>. Got value: v`` is
     turned into ``model.init_args.optimizer='v' is invalid: expected one of 'adam', 'sgd'.`` A library error that
     the toolkit wrapped in its own message (``raise ValueError(...) from err``) gives the toolkit's message, which
-    names the key and the fix. An unknown key gets the nearest of ``known_keys()`` as a suggestion.
+    names the key and the fix. An unknown key gets the nearest of ``known_keys()`` as a suggestion. With ``where``
+    (a config rejected before training), an error from the user's own code that names no key says where it was
+    raised (``my_project.Net.__init__ raised RuntimeError: ...``).
     """
-    message = _most_specific(err)
+    message = _most_specific(err, where=where)
     unknown = _UNKNOWN_KEY.search(message)
     if unknown and known_keys is not None:
         key = unknown.group(1) or unknown.group(2)
@@ -80,7 +84,7 @@ def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None 
     return message
 
 
-def _most_specific(err: BaseException) -> str:
+def _most_specific(err: BaseException, *, where: bool = False) -> str:
     chain = _chain(err)
     keys: list[str] = []
     for link in chain:
@@ -108,11 +112,34 @@ def _most_specific(err: BaseException) -> str:
     refusal = next((line for line in _UNION_REFUSAL.findall(union) if not line.endswith(":")), None)
     if refusal:  # a class of the union refused its arguments: its message, not the other alternative's
         return refusal
-    return innermost.split(" failed: ", 1)[-1]
+    return (_raised_where(last) if where else "") + innermost.split(" failed: ", 1)[-1]
+
+
+def _raised_where(err: BaseException) -> str:
+    """``<module>.<function> raised <Type>: `` when ``err`` comes from the user's own code (neither the toolkit nor an
+    installed library), whose message cannot name a config key: ``user init failed`` alone says nothing of where.
+
+    Example:
+        >>> _raised_where(ValueError("x"))  # never raised: no traceback
+        ''
+    """
+    tb = err.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code, module = tb.tb_frame.f_code, tb.tb_frame.f_globals.get("__name__", "?")
+    path = Path(code.co_filename).resolve()
+    installed = any(part in ("site-packages", "dist-packages") for part in path.parts)
+    if installed or path.is_relative_to(_PACKAGE) or path.is_relative_to(Path(sys.base_prefix).resolve()):
+        return ""
+    return f"{module}.{code.co_qualname} raised {type(err).__name__}: "
 
 
 def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
     """Name ``key`` in a jsonargparse message that lacks it (unknown init option, bad class_path, missing file)."""
+    if _NULL_GROUP.search(innermost):  # ``loop: null``: jsonargparse reads null as a config file to load
+        return f"{key}: null is not allowed; give {key} as a mapping of its settings, or leave the key out."
     class_path = next((m.group(1) for link in chain if (m := _CLASS_PATH.match(str(link)))), None)
     option = _NOT_ACCEPTED.search(innermost)
     if option and "." in option.group(1):  # a key beside class_path, not an option of the class

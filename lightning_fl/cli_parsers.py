@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter
 
 from lightning_fl.bench.command import bench_parser
@@ -23,7 +25,15 @@ from lightning_fl.federation.export import GLOBAL_MODEL_FILE
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.transforms import ServerPlugin
 
-__all__ = ["DESCRIPTION", "SUBCOMMANDS", "ShortHelpFormatter", "build_parser"]
+__all__ = [
+    "DESCRIPTION",
+    "RECORDED_LINKS",
+    "SUBCOMMANDS",
+    "ShortHelpFormatter",
+    "build_parser",
+    "data_links",
+    "record_data_links",
+]
 
 _KNOWN = ", known subclasses: "
 _LIBRARY_CLASSES = ("torch.", "torchvision.", "lightning.", "pytorch_lightning.", "torchmetrics.")
@@ -94,6 +104,33 @@ def _parser(description: str, **kwargs: Any) -> ArgumentParser:
 
 def _model_option(data: FederatedDataModule, key: str) -> Any:
     return data.model_options[key]
+
+
+RECORDED_LINKS = ("num_classes", "in_channels", "image_size")
+"""The linked model options a run records in its ``config.yaml`` (the data statistics are recomputed from the data)."""
+
+
+def data_links(model_args: Any, data: FederatedDataModule) -> dict[str, tuple[Any, Any]]:
+    """``{key: (config value, value from the data)}`` for each of :data:`RECORDED_LINKS` the model takes.
+
+    The data sets these options (``num_classes`` of the data set, ``in_channels`` and ``image_size`` of its
+    images), whatever the config says; a value that differs was overridden, and the run says so.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> data_links({"num_classes": 5, "lr": 0.1}, SimpleNamespace(model_options={"num_classes": 10}))
+        {'num_classes': (5, 10)}
+    """
+    given = dict(vars(model_args) if hasattr(model_args, "__dict__") else model_args or {})
+    return {key: (given[key], data.model_options[key]) for key in RECORDED_LINKS if key in given}
+
+
+def record_data_links(config: Path, effective: dict[str, Any]) -> None:
+    """Write the effective linked values into the saved ``config`` under ``model.init_args``, so that the file
+    says what the run used (jsonargparse leaves link targets out when it saves a config)."""
+    saved = yaml.safe_load(config.read_text())
+    saved.setdefault("model", {}).setdefault("init_args", {}).update(effective)
+    config.write_text(yaml.safe_dump(saved, sort_keys=False))
 
 
 def _fit_parser() -> ArgumentParser:

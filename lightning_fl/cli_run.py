@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_lists import parse_with_list_entries
-from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser
+from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -49,7 +49,6 @@ from lightning_fl.validation import (
     check_learning_rate,
     check_num_rounds,
     check_output_dir,
-    check_private_state_stays_local,
     check_resume,
     check_seed,
     check_trainer_options,
@@ -110,6 +109,10 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         check_run_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
     init = _instantiate(parser, cfg)
     _check_fit(cfg, init)
+    links = data_links(cfg.model.get("init_args"), init.data)
+    overridden = [f"model.init_args.{k}={new!r} (instead of {old!r})" for k, (old, new) in links.items() if old != new]
+    if overridden and not rank:
+        print(f"taken from the data: {', '.join(overridden)}")
     loop = FederatedLoop(
         init.model,
         init.data,
@@ -120,7 +123,6 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
         **vars(init.loop),
     )
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
-    check_private_state_stays_local(loop.global_model, cfg.loop.trainer, loop.client_callbacks)
     check_workers(
         loop.workers,
         trainer_options=loop.process_options,
@@ -150,6 +152,7 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
                 if cfg.overwrite:
                     clear_run_dir(output_dir)
                 parser.save(saved, output_dir / "config.yaml", overwrite=True, skip_validation=True)
+                record_data_links(output_dir / "config.yaml", {k: new for k, (_, new) in links.items()})
             summary = loop.fit(resume=cfg.resume)
         finally:
             loop.lock.release()
@@ -346,7 +349,9 @@ def _main(args: list[str]) -> int:
     except KeyboardInterrupt as err:
         return interrupted(err)
     except Exception as err:  # anything before training (parse, build, checks) rejects the config: nothing ran
-        print(f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args))}", file=sys.stderr)
+        print(
+            f"lightning-fl: error: {one_line(err, known_keys=lambda: _known_keys(args), where=True)}", file=sys.stderr
+        )
         return EXIT_BAD_CONFIG
     try:
         run()

@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 LARGE_LEARNING_RATE = 10.0
+MAX_LEARNING_RATE = 1e3
 """Above this a learning rate is legal but almost surely a typo (1e10 for 1e-10): :func:`check_learning_rate` warns."""
 
 # the names the loop sets itself; the Trainer accepts them, but loop.trainer must not
@@ -47,10 +48,14 @@ _LOOP_OWNED_TRAINER_OPTIONS = frozenset({"max_epochs", "max_steps", "callbacks"}
 
 
 def check_learning_rate(lr: float, *, key: str = "model.init_args.lr") -> None:
-    """Reject a learning rate that is not a finite positive number; warn when it is suspiciously large.
+    """Reject a learning rate that is not a finite positive number or absurdly large; warn when it is large.
+
+    Above :data:`MAX_LEARNING_RATE` no optimiser of a neural network trains (every update is dropped by the norm
+    bounds or overflows), so the run is refused before it writes anything; above :data:`LARGE_LEARNING_RATE` it warns.
 
     Raises:
-        ValueError: if ``lr`` is NaN, infinite, zero or negative (``lr > 0`` alone lets NaN through).
+        ValueError: if ``lr`` is NaN, infinite, zero, negative (``lr > 0`` alone lets NaN through) or above
+            :data:`MAX_LEARNING_RATE`.
 
     Example:
         >>> check_learning_rate(0.01)
@@ -61,6 +66,11 @@ def check_learning_rate(lr: float, *, key: str = "model.init_args.lr") -> None:
     """
     if not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"{key}={lr} must be a finite number > 0 (e.g. 0.001).")
+    if lr > MAX_LEARNING_RATE:
+        raise ValueError(
+            f"{key}={lr:g} is above {MAX_LEARNING_RATE:g}, where no model trains; did you mean a negative exponent "
+            "(e.g. 1e-3)?"
+        )
     if lr > LARGE_LEARNING_RATE:
         warnings.warn(
             f"{key}={lr:g} is above {LARGE_LEARNING_RATE:g}; training will most likely diverge. "

@@ -57,6 +57,11 @@ class FederatedCallback:
         """
         return True
 
+    def check_fit(self, federation: FederationView) -> None:
+        """Before anything is written (:meth:`FederatedLoop.prepare`, after the components' set-up and a resume's
+        restore): raise a ``ValueError`` naming the setting and the fix to refuse the run (a budget that not even
+        the next round fits in)."""
+
     def on_fit_start(self, federation: FederationView) -> None:
         """Before the first round (also after a resume)."""
 

@@ -33,8 +33,8 @@ class PrivacyBudget(FederatedCallback):
         target_epsilon: the budget.
 
     Raises:
-        ValueError: if ``target_epsilon`` is not a finite number > 0; at the start of training if not even one
-            round fits in the budget. A loop with no ledger is refused when it is built
+        ValueError: if ``target_epsilon`` is not a finite number > 0; before anything is written (``check_fit``)
+            if not even the next round fits in the budget. A loop with no ledger is refused when it is built
             (:func:`~lightning_fl.federation.composition.check_budget_has_ledger`).
 
     Example:
@@ -56,7 +56,7 @@ class PrivacyBudget(FederatedCallback):
         return list(federation.ledgers())
 
     @override
-    def on_fit_start(self, federation: FederationView) -> None:
+    def check_fit(self, federation: FederationView) -> None:
         ledgers = self.ledgers(federation)
         projected = sum(ledger.epsilon_projected(federation.spec) for ledger in ledgers)
         if federation.round_idx < federation.num_rounds and projected > self.target_epsilon:

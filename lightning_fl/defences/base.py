@@ -9,7 +9,7 @@ model, applied after it is built), or :func:`apply_defences` for a plain Lightni
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from lightning_fl.server.selection import ClientSelector
     from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
 
-__all__ = ["Defence", "DefenceParts", "apply_defences", "collect_parts"]
+__all__ = ["Defence", "DefenceParts", "apply_defences", "check_defences_once", "collect_parts"]
 
 
 @dataclass
@@ -123,21 +123,52 @@ def apply_defences(model: nn.Module, defences: Sequence[Defence], *, data: Any =
 
 
 def _check_bundles(defences: Sequence[Defence]) -> None:
-    """Every entry is a :class:`Defence`, and no class is listed twice."""
-    first: dict[type, int] = {}
-    for index, defence in enumerate(defences):
+    """Every entry is a :class:`Defence`, and no class is listed twice (:func:`check_defences_once`)."""
+    for defence in defences:
         if not isinstance(defence, Defence):
             raise TypeError(
                 f"defences=[..., {type(defence).__name__}, ...] is not a Defence; pass Defence bundles (Passports, "
                 "KeyLocks, FedCDP, ...). Plain callbacks and transforms go to loop.callbacks / loop.*_transforms."
             )
-        if type(defence) in first:
-            name = type(defence).__name__
-            raise ValueError(
-                f"defences[{index}]={name} repeats defences[{first[type(defence)]}]; list each defence once (set its "
-                f"options there): applied twice, {name} would stack a second copy of its layers or noise."
-            )
-        first[type(defence)] = index
+    check_defences_once({"defences": defences})
+
+
+def _is_defence(part: Any) -> bool:
+    """A defence bundle, or a part of one (a transform or callback defined in :mod:`lightning_fl.defences`)."""
+    return isinstance(part, Defence) or type(part).__module__.startswith("lightning_fl.defences.")
+
+
+def check_defences_once(stages: Mapping[str, Sequence[Any]]) -> None:
+    """The one rule for a defence given twice: no defence class appears twice in one stage.
+
+    ``stages`` maps a name to its list: the ``defences`` list itself, or a run's merged chains (a defence's own parts
+    first, then the loop's), so a defence listed twice, or given in ``defences`` and again in ``loop.*`` (FedSDP in
+    ``defences`` and in ``loop.client_transforms``), is refused: applied twice, it would stack a second copy of its
+    layers or noise (and spend its privacy budget twice) while the run reports one.
+
+    Raises:
+        ValueError: naming the stage, the class and the two positions.
+
+    Example:
+        >>> from lightning_fl.defences import GaussianNoise
+        >>> check_defences_once({"defences": [GaussianNoise(0.1), GaussianNoise(0.2)]})
+        Traceback (most recent call last):
+        ...
+        ValueError: defences[1]=GaussianNoise repeats defences[0]; list each defence once, in defences or in loop.*, not both (set its options there): applied twice, GaussianNoise would stack a second copy of its layers or noise.
+    """  # noqa: E501
+    for where, parts in stages.items():
+        first: dict[type, int] = {}
+        for index, part in enumerate(parts):
+            if not _is_defence(part):
+                continue
+            if type(part) in first:
+                name = type(part).__name__
+                raise ValueError(
+                    f"{where}[{index}]={name} repeats {where}[{first[type(part)]}]; list each defence once, in "
+                    "defences or in loop.*, not both (set its options there): applied twice, "
+                    f"{name} would stack a second copy of its layers or noise."
+                )
+            first[type(part)] = index
 
 
 def collect_parts(

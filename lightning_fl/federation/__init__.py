@@ -34,6 +34,8 @@ _LAZY = {
     "RunLock": "lightning_fl.federation.run_lock",
     "federation_fingerprint": "lightning_fl.federation.fingerprint",
     "plugin_settings": "lightning_fl.federation.fingerprint",
+    "trainer_settings": "lightning_fl.federation.fingerprint",
+    "payload_error": "lightning_fl.federation.updates",
     "check_composition": "lightning_fl.federation.composition",
     "WorkerPool": "lightning_fl.federation.workers",
     "VectorisedClients": "lightning_fl.federation.vectorised_clients",
@@ -80,10 +82,12 @@ __all__ = [
     "derive_seed",
     "federation_fingerprint",
     "load_global_model",
+    "payload_error",
     "plot_curves",
     "plugin_settings",
     "save_global_model",
     "split_batch",
+    "trainer_settings",
     "vectorised_refusal",
 ]
 

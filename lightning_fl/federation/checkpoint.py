@@ -50,11 +50,12 @@ __all__ = [
     "held_signals",
 ]
 
-FORMAT = 2
+FORMAT = 3
 """Version of what a run directory stores: the manifest's layout, its fingerprint's keys and the server file's
 entries. A change to any of them bumps it, and a directory of another version is refused on resume with one line
 (:func:`check_format`), never resumed wrongly. 2: the fingerprint holds every plug-in's settings, the server file
-the run's privacy description."""
+the run's privacy description. 3: the fingerprint holds the client Trainer options, norm bounds and evaluation
+mode; each client file and its manifest entry hold the round that wrote it."""
 
 
 def check_format(manifest: Mapping[str, Any], path: Path) -> None:
@@ -291,8 +292,9 @@ class Checkpoint:
             manifest["server"] = self._write(f"checkpoints/server_r{round_idx:05d}.pt", server)
             if initial_private and manifest["initial_private"] is None:
                 manifest["initial_private"] = self._write("clients/initial_private.pt", initial_private)
-            for k, state in clients.items():
-                manifest["clients"][str(k)] = self._write(f"clients/client_{k}_r{round_idx:05d}.pt", state)
+            for k, state in clients.items():  # the file and its entry name the round: an older file is caught
+                entry = self._write(f"clients/client_{k}_r{round_idx:05d}.pt", {**state, "round_idx": round_idx})
+                manifest["clients"][str(k)] = {**entry, "round_idx": round_idx}
             atomic_write(self.manifest_path, json.dumps(manifest, indent=1).encode())
             self._kept = {"initial_private": manifest["initial_private"], "clients": manifest["clients"]}
             self.remove_uncommitted(manifest)
@@ -388,7 +390,7 @@ class Checkpoint:
         """
         entry = (manifest or self._committed())["clients"][str(client_id)]
         state = self._read(entry)
-        check_client_file(state, slot=client_id, path=entry["path"])
+        check_client_file(state, slot=client_id, round_idx=entry["round_idx"], path=entry["path"])
         return ClientState.from_state_dict(state)
 
     def restore_run(self, parts: RunParts) -> int | None:

@@ -2,7 +2,8 @@
 
 :func:`compose` merges the defences' parts with the loop's own plug-ins into :class:`Plugins` and applies every rule;
 each rule raises one ``ValueError`` that names the plug-ins and the fix (the ``lightning-fl`` command then exits with 2
-before writing anything). Defences listed twice and the order of model defences are handled by
+before writing anything). A defence given twice, in one list or in ``defences`` and ``loop.*``, is refused by one
+rule, :func:`~lightning_fl.defences.base.check_defences_once`; the order of model defences is handled by
 :func:`~lightning_fl.defences.apply_defences`.
 
 The rules ask plug-ins for the capabilities they declare, never for their type: a client transform's ``encrypts``
@@ -12,13 +13,13 @@ aggregator's ``needs_encryption`` and ``reads_plaintext``, a callback's ``needs_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from torch import nn
 
-from lightning_fl.defences.base import Defence, collect_parts
+from lightning_fl.defences.base import Defence, check_defences_once, collect_parts
 from lightning_fl.privacy.accounting import PrivacyLedger
 from lightning_fl.server import FedAvg, UniformSelector
 from lightning_fl.transforms import ServerPlugin, apply_server_plugins
@@ -30,6 +31,7 @@ __all__ = [
     "check_encryption_last",
     "check_robust_reads_plaintext",
     "check_secure_aggregation",
+    "check_secure_aggregation_has_company",
     "compose",
 ]
 
@@ -125,15 +127,54 @@ def check_budget_has_ledger(callbacks: Sequence[Any], components: Sequence[Any])
         )
 
 
+def check_secure_aggregation_has_company(
+    aggregator: Any, client_transforms: Sequence[Any], *, clients_per_round: int
+) -> None:
+    """Secure aggregation (a transform that ``hides_update``, an aggregator that ``needs_encryption``) hides one
+    update among the others of its round; with one client a round the aggregate is that client's update, which every
+    client then decrypts: it protects nothing.
+
+    Raises:
+        ValueError: naming the plug-in and ``loop.clients_per_round``.
+
+    Example:
+        >>> from lightning_fl.defences import SecAggMasking
+        >>> check_secure_aggregation_has_company(None, [SecAggMasking()], clients_per_round=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: SecAggMasking aggregates one client a round (loop.clients_per_round=1), so the aggregate is that client's own update and hides nothing; set loop.clients_per_round to 2 or more, or drop the secure aggregation.
+    """  # noqa: E501
+    hiding = [t for t in client_transforms if _declares(t, "hides_update")]
+    hiding += [aggregator] if _declares(aggregator, "needs_encryption") else []
+    if hiding and clients_per_round < 2:
+        raise ValueError(
+            f"{type(hiding[0]).__name__} aggregates one client a round (loop.clients_per_round={clients_per_round}), "
+            "so the aggregate is that client's own update and hides nothing; set loop.clients_per_round to 2 or "
+            "more, or drop the secure aggregation."
+        )
+
+
 def check_composition(
-    *, client_transforms: Sequence[Any], aggregator: Any, callbacks: Sequence[Any], components: Sequence[Any]
+    *,
+    client_transforms: Sequence[Any],
+    aggregator: Any,
+    callbacks: Sequence[Any],
+    components: Sequence[Any],
+    stages: Mapping[str, Sequence[Any]] | None = None,
+    clients_per_round: int | None = None,
 ) -> None:
     """Apply every rule of this module to a run's merged plug-ins (defence parts and the loop's own).
+
+    ``stages`` are the merged chains by name, checked for a defence given twice
+    (:func:`~lightning_fl.defences.base.check_defences_once`); ``clients_per_round`` is the run's ``K_t``.
 
     Raises:
         ValueError: from the first rule that fails.
     """
-    check_encryption_last(client_transforms)
+    check_encryption_last(client_transforms)  # names a second encryption before the general rule does
+    check_defences_once(stages or {})
+    if clients_per_round is not None:
+        check_secure_aggregation_has_company(aggregator, client_transforms, clients_per_round=clients_per_round)
     check_secure_aggregation(aggregator, client_transforms)
     check_robust_reads_plaintext(aggregator, client_transforms)
     check_budget_has_ledger(callbacks, components)
@@ -186,10 +227,12 @@ def compose(
     broadcast_transforms: Sequence[Any] = (),
     callbacks: Sequence[Any] = (),
     client_callbacks: Sequence[Any] = (),
+    clients_per_round: int | None = None,
 ) -> Plugins:
     """Apply the ``server_plugins`` and then the ``defences`` to ``model`` (each first reading what it takes from
     ``data``, the run's data module, when given) and merge their parts with the loop's own
-    plug-ins (uniform selection and FedAvg when nobody sets them), then check the result (:func:`check_composition`).
+    plug-ins (uniform selection and FedAvg when nobody sets them), then check the result (:func:`check_composition`;
+    ``clients_per_round`` is the run's ``K_t``).
     The server plug-ins' broadcast transforms come first: the clients' defences act on what the server ships.
 
     Raises:
@@ -209,10 +252,13 @@ def compose(
         callbacks=[*parts.callbacks, *callbacks],
         client_callbacks=[*parts.client_callbacks, *client_callbacks],
     )
+    stages = ("client_transforms", "server_transforms", "broadcast_transforms", "callbacks", "client_callbacks")
     check_composition(
         client_transforms=plugins.client_transforms,
         aggregator=plugins.aggregator,
         callbacks=plugins.callbacks,
         components=plugins.components,
+        stages={f"loop.{stage}": getattr(plugins, stage) for stage in stages},  # a defence's parts, then the loop's
+        clients_per_round=clients_per_round,
     )
     return plugins

@@ -1,7 +1,8 @@
 """The fingerprint of a federation: the settings a resumed run must share with the run it continues.
 
 A checkpoint's manifest stores it; resume compares it key by key and refuses a run whose clients, partition,
-seed, local work, model layers or plug-ins differ, naming the keys (a changed ``num_rounds`` is allowed: it is how
+seed, local work, client Trainer options, norm bounds, evaluation mode, model layers or plug-ins differ, naming
+the keys (a changed ``num_rounds`` is allowed: it is how
 a run is extended). A plug-in (defence, transform, callback, aggregator, selector) counts with its settings, not
 only its class (:func:`plugin_settings`): a resumed run with another noise multiplier would spend another privacy
 budget under the same history. The defences and plug-ins come first, so a refusal names the privacy settings
@@ -16,7 +17,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from lightning_fl.contexts import FederationSpec
     from lightning_fl.datamodules.federated import FederatedDataModule
 
-__all__ = ["federation_fingerprint", "plugin_settings"]
+__all__ = ["PLACEMENT_OPTIONS", "federation_fingerprint", "plugin_settings", "trainer_settings"]
 
 SECRET_NAME = re.compile(r"(^|_)(secret|password|token|keys?)$")
 """Attribute names whose values are secrets: the fingerprint stores a digest of them, never the value."""
@@ -117,6 +118,35 @@ def plugin_settings(groups: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PLACEMENT_OPTIONS = frozenset(
+    {
+        "accelerator",
+        "devices",
+        "num_nodes",
+        "strategy",
+        "logger",
+        "enable_checkpointing",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "default_root_dir",
+        "log_every_n_steps",
+        "profiler",
+    }
+)
+"""``loop.trainer`` options that change where a client trains or what it reports, not what it computes (parallel
+runs change nothing but time, DESIGN.md): a run may resume on other devices or with a progress bar."""
+
+
+def trainer_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``loop.trainer`` options that change what a client computes, one key each (``loop.trainer.precision``).
+
+    Example:
+        >>> trainer_settings({"gradient_clip_val": 0.1, "devices": 2, "enable_progress_bar": False})
+        {'loop.trainer.gradient_clip_val': 0.1}
+    """
+    return {f"loop.trainer.{k}": _plain(v) for k, v in sorted(options.items()) if k not in PLACEMENT_OPTIONS}
+
+
 def federation_fingerprint(
     *,
     spec: FederationSpec,
@@ -132,10 +162,16 @@ def federation_fingerprint(
     callbacks: Sequence[object],
     server_plugins: Sequence[object] = (),
     vectorize: bool | str = False,
+    trainer: Mapping[str, Any] | None = None,
+    norm_bounds: tuple[float, float] = (math.inf, math.inf),
+    eval_on: str = "global",
 ) -> dict[str, Any]:
     """The settings that define a federation, as JSON data: the plug-ins' settings first (:func:`plugin_settings`),
     then the data, the run shape (``vectorize``: ``loop.vectorize``, whose history equals the sequential one only to
-    float tolerance) and the model.
+    float tolerance), the clients' training (``trainer``: the ``loop.trainer`` options that change what a client
+    computes, :func:`trainer_settings`), the server's norm bounds (``loop.max_update_norm_ratio``,
+    ``loop.max_update_norm``: they decide which updates are averaged), the evaluation mode (``loop.eval_on``: one
+    history must not mix global and client accuracy) and the model.
 
     Keys are named as in the config (``data.num_clients``, ``loop.local_steps``, ...).
     """
@@ -168,6 +204,10 @@ def federation_fingerprint(
         "loop.local_epochs": spec.local_epochs,
         "loop.local_steps": spec.local_steps,
         "loop.vectorize": vectorize,
+        **trainer_settings(trainer or {}),
+        "loop.max_update_norm_ratio": None if math.isinf(norm_bounds[0]) else norm_bounds[0],
+        "loop.max_update_norm": None if math.isinf(norm_bounds[1]) else norm_bounds[1],
+        "loop.eval_on": eval_on,
         "model": _name(model),
         **{f"model.init_args.{k}": _plain(v) for k, v in dict(getattr(model, "hparams", {}) or {}).items()},
         "model layers and shapes (digest)": _digest(shapes),

@@ -4,7 +4,9 @@ The manifest (:mod:`lightning_fl.federation.checkpoint`) promises integrity agai
 write, a file changed or lost after its round was committed, files of different rounds or clients mixed up (two
 client files swapped, an older server file put back), a round that was never committed. Its SHA-256 digests catch
 a changed file; the checks here catch a file that is intact but in the wrong place, even when someone updated the
-digests to match: a client file must hold the client of its slot, the server file the manifest's round.
+digests to match: a client file must hold the client of its slot and the round its manifest entry names (the
+round it was written in, at most the committed one), the server file the manifest's round. So an older client file
+put back under the committed name, its digest re-hashed into the manifest, is refused: it holds an older round.
 
 It does not promise integrity against someone who can write the run directory: they can rewrite the manifest's
 digests along with a file. That would need a keyed MAC (HMAC) with a key kept outside the run directory; a run
@@ -49,6 +51,12 @@ def check_manifest_layout(manifest: Mapping[str, Any]) -> None:
         if not str(slot).isdigit():
             raise ValueError(f"its clients entry has the slot {slot!r}, not a client number")
         _check_entry(entry, f"clients[{slot!r}]")
+        written = entry.get("round_idx")
+        if not isinstance(written, int) or not 0 <= written <= manifest["round_idx"]:
+            raise ValueError(
+                f"its clients[{slot!r}] entry names round {written!r}, not a round up to the committed "
+                f"{manifest['round_idx']}"
+            )
 
 
 def check_server_file(state: Mapping[str, Any], *, round_idx: int, path: str) -> None:
@@ -65,21 +73,28 @@ def check_server_file(state: Mapping[str, Any], *, round_idx: int, path: str) ->
         )
 
 
-def check_client_file(state: Mapping[str, Any], *, slot: int, path: str) -> None:
-    """The client file in the manifest's slot ``slot`` holds that client's state.
+def check_client_file(state: Mapping[str, Any], *, slot: int, round_idx: int, path: str) -> None:
+    """The client file in the manifest's slot ``slot`` holds that client's state, written in round ``round_idx``.
 
     Raises:
-        ValueError: when it holds another client (client files swapped after the commit).
+        ValueError: when it holds another client (client files swapped after the commit) or another round (an
+            older file put back).
 
     Example:
-        >>> check_client_file({"client_id": 3}, slot=1, path="clients/client_1_r00002.pt")
+        >>> check_client_file({"client_id": 1, "round_idx": 0}, slot=1, round_idx=2, path="clients/client_1_r00002.pt")
         Traceback (most recent call last):
         ...
-        ValueError: checkpoint 'clients/client_1_r00002.pt' holds client 3 but the manifest puts it in the slot of client 1; the files were mixed up after the commit and the run cannot resume.
+        ValueError: checkpoint 'clients/client_1_r00002.pt' holds client 1's state of round 0 but the manifest names round 2; the files were mixed up after the commit and the run cannot resume.
     """  # noqa: E501
     held = state.get("client_id") if isinstance(state, Mapping) else None
     if held != slot:
         raise ValueError(
             f"checkpoint {path!r} holds client {held!r} but the manifest puts it in the slot of client {slot}; the "
             "files were mixed up after the commit and the run cannot resume."
+        )
+    written = state.get("round_idx")
+    if written != round_idx:
+        raise ValueError(
+            f"checkpoint {path!r} holds client {slot}'s state of round {written!r} but the manifest names round "
+            f"{round_idx}; the files were mixed up after the commit and the run cannot resume."
         )

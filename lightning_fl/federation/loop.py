@@ -50,7 +50,7 @@ from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector
 from lightning_fl.trainers import trainer_options
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerPlugin, ServerTransform
-from lightning_fl.validation import check_federated_data
+from lightning_fl.validation import check_federated_data, check_private_state_stays_local
 from lightning_fl.view import FederationView
 
 __all__ = ["FederatedLoop"]
@@ -155,10 +155,10 @@ class FederatedLoop:
         datamodule.setup()  # load and partition now, so data errors surface before any training
         shape = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
         shape.update(local_steps=local_steps, min_clients=min_clients)
-        FederationSpec.check(datamodule.num_clients, **shape)
         own = dict(client_transforms=client_transforms, server_transforms=server_transforms, callbacks=callbacks)
         own.update(broadcast_transforms=broadcast_transforms, client_callbacks=client_callbacks)
         own.update(server_plugins=server_plugins, selector=selector, aggregator=aggregator)
+        own.update(clients_per_round=FederationSpec.check(datamodule.num_clients, **shape))
         self.plugins = plugins = compose(defences, model=model, data=datamodule, **own)
         self.spec = FederationSpec.build(model, datamodule, seed=seed, **shape)  # the update keys of the defended model
         self.num_clients, self.clients_per_round = self.spec.num_clients, self.spec.clients_per_round
@@ -167,6 +167,7 @@ class FederatedLoop:
         self.selector, self.aggregator, self.callbacks = plugins.selector, plugins.aggregator, plugins.callbacks
         self.client_transforms, self.server_transforms = plugins.client_transforms, plugins.server_transforms
         self.broadcast_transforms, self.client_callbacks = plugins.broadcast_transforms, plugins.client_callbacks
+        check_private_state_stays_local(model, trainer, self.client_callbacks)  # for Python users too, not only the CLI
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
         self.checkpoint, self.lock = Checkpoint(self.output_dir, enabled=checkpoint), RunLock(self.output_dir)
         self.recorder = RunRecorder(
@@ -234,6 +235,9 @@ class FederatedLoop:
             defences=self.defences,
             vectorize=self.vectorised.mode,
             **plugins.by_stage(),
+            trainer=self.process_options,
+            norm_bounds=(self.max_update_norm_ratio, self.max_update_norm),
+            eval_on=self.evaluator.on,
         )
         self.parts = RunParts(model, plugins.components, self.callbacks, self.recorder, self.runner.store, fingerprint)
         one_round = Round(
@@ -320,6 +324,8 @@ class FederatedLoop:
         remote = pool is not None and pool.encodes  # a remote pool's clients set up their own transforms
         client_setup = None if remote else self.client_setup_context()
         set_up_plugins(self.plugins.components, setup=self.setup_context(), client_setup=client_setup)
+        for callback in self.callbacks:  # their checks that need the set-up run, before anything is written
+            callback.check_fit(self.view.at(self.round_idx))
         if self.evaluator.every and self.datamodule.has_test_set:
             self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
         self._prepared = resume

@@ -29,6 +29,7 @@ __all__ = [
     "drop_norm_outliers",
     "encode_update",
     "norm_bounds",
+    "payload_error",
     "update_norm",
 ]
 
@@ -121,9 +122,10 @@ def check_update(
     It must be a :class:`ClientUpdate` from the client the server sent this round's work to (``client_id``,
     ``round_idx``): a client cannot speak for another. Its layers (plaintext, plus the ones an encrypted ``payload``
     declares) must be exactly the ``expected`` public layers (their shapes), each a floating-point tensor of that shape
-    with values (not on the meta device); its plaintext values finite; its ``num_samples`` (the
-    client's FedAvg weight) a whole number, not a string, between 1 and ``num_train_samples``, the client's data
-    size: a client cannot claim more data than it holds and take over the average.
+    with values (not on the meta device); its plaintext values finite; its encoded ``payload`` well formed
+    (:func:`payload_error`); its ``num_samples`` (the client's FedAvg weight) a whole number, not a string, between 1
+    and ``num_train_samples``, the client's data size: a client cannot claim more data than it holds and take over
+    the average.
 
     Example:
         >>> check_update(ClientUpdate(0, 0, {"w": torch.ones(2)}, 10**12, 0.0), {"w": torch.Size([2])},
@@ -140,6 +142,9 @@ def check_update(
             f"it names client {update.client_id!r} and round {update.round_idx!r}, but the server sent round "
             f"{round_idx} to client {client_id}"
         )
+    malformed = payload_error(update.payload, round_idx=round_idx)
+    if malformed is not None:
+        return f"its payload is malformed: {malformed}"
     encrypted = getattr(update.payload, "shapes", {}) if update.payload is not None else {}
     declared = [*update.delta, *encrypted]
     if sorted(declared) != sorted(expected):
@@ -147,6 +152,9 @@ def check_update(
         twice = sorted(set(update.delta) & set(encrypted))
         both = f", sent both encrypted and in the clear {twice[:3]}" if twice else ""
         return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]}{both})"
+    for key, shape in encrypted.items():
+        if tuple(shape) != tuple(expected[key]):
+            return f"encrypted tensor {key!r} is declared with shape {tuple(shape)}, expected {tuple(expected[key])}"
     for key, value in update.delta.items():
         if not isinstance(value, Tensor) or value.shape != expected[key]:
             return f"tensor {key!r} has shape {getattr(value, 'shape', None)}, expected {tuple(expected[key])}"
@@ -155,6 +163,33 @@ def check_update(
         if not torch.isfinite(value).all():
             return f"tensor {key!r} has non-finite values"
     return _check_num_samples(update.num_samples, num_train_samples)
+
+
+def payload_error(payload: Any, *, round_idx: int) -> str | None:
+    """Why an update's encoded ``payload`` (ciphertexts, masked values) cannot be combined, or ``None``.
+
+    A payload type declares its own structure check, ``structure_error(round_idx=...)`` (Paillier's
+    :class:`~lightning_fl.defences.secure_aggregation.paillier.EncryptedTensors`, SecAgg's ``MaskedInput``): the
+    number and type of its ciphertexts or ring elements against the layers it declares. It must declare layer
+    ``shapes``; a check that raises is a malformed payload too.
+
+    Example:
+        >>> payload_error(None, round_idx=0) is None
+        True
+        >>> payload_error(object(), round_idx=0)
+        'it declares no layer shapes (a object)'
+    """
+    if payload is None:
+        return None
+    if not isinstance(getattr(payload, "shapes", None), Mapping):
+        return f"it declares no layer shapes (a {type(payload).__name__})"
+    check = getattr(payload, "structure_error", None)
+    if check is None:
+        return None
+    try:
+        return check(round_idx=round_idx)
+    except Exception as err:  # the payload is the client's data: any failure to read it is the client's
+        return f"its structure could not be read ({type(err).__name__}: {err})"
 
 
 def _check_num_samples(num_samples: Any, num_train_samples: int) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_fl.models.registry import build_backbone
+from lightning_fl.validation import check_learning_rate
 
 __all__ = ["ImageClassifier"]
 
@@ -61,8 +63,10 @@ class ImageClassifier(L.LightningModule):
         super().__init__()
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"model.optimizer={optimizer!r} is unknown; use 'adam' or 'sgd'.")
-        if lr <= 0:
-            raise ValueError(f"model.lr={lr} must be > 0.")
+        check_learning_rate(lr)
+        for name, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+            if not 0 <= value < math.inf:
+                raise ValueError(f"model.init_args.{name}={value} must be a finite number >= 0 (e.g. 0.9 or 0).")
         self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
         self.backbone = (
             backbone

@@ -62,8 +62,11 @@ class Schedule:
         if kind not in SCHEDULES:
             raise ValueError(f"Schedule(kind={kind!r}) is unknown; use one of {sorted(SCHEDULES)}.")
         end = start if end is None else end
-        if start <= 0 or end <= 0:
-            raise ValueError(f"Schedule(start={start}, end={end}) must be > 0 (a clip bound or noise multiplier).")
+        if not (0 < start < math.inf and 0 < end < math.inf):
+            raise ValueError(
+                f"Schedule(start={start}, end={end}): a clip bound or noise multiplier must stay a finite number > 0; "
+                "set the schedule's init_args.start and init_args.end to positive values (e.g. start: 6.0, end: 2.0)."
+            )
         if num_rounds < 1 or step_size < 1:
             raise ValueError(f"Schedule(num_rounds={num_rounds}, step_size={step_size}) must both be >= 1.")
         self.start, self.end, self.kind = float(start), float(end), kind

@@ -3,7 +3,7 @@ selection."""
 
 from lightning_fl.server.active_selection import ActiveSelector
 from lightning_fl.server.aggregation import Aggregator, weighted_average, weighted_sum
-from lightning_fl.server.dpfl import DPFLAggregator
+from lightning_fl.server.dpfl import DPFLAggregator, configured_lr
 from lightning_fl.server.fedavg import FedAvg
 from lightning_fl.server.fedboosting import FedBoosting
 from lightning_fl.server.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi, ServerOptimizer
@@ -41,6 +41,7 @@ __all__ = [
     "TrimmedMean",
     "UniformSelector",
     "bound_norms",
+    "configured_lr",
     "coordinate_median",
     "krum_scores",
     "multi_krum",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_fl.messages import ClientUpdate
@@ -14,7 +15,7 @@ from lightning_fl.server.aggregation import Aggregator, weighted_average, weight
 if TYPE_CHECKING:
     from lightning_fl.contexts import RoundContext, SetupContext
 
-__all__ = ["DPFLAggregator"]
+__all__ = ["DPFLAggregator", "configured_lr"]
 
 
 class DPFLAggregator(Aggregator):
@@ -28,10 +29,13 @@ class DPFLAggregator(Aggregator):
 
     Args:
         form: ``eta_over_all_samples`` or ``fedavg``.
-        server_lr: :math:`\eta` of the faithful form; ``None`` takes the clients' learning rate from the updates.
+        server_lr: :math:`\eta` of the faithful form; ``None`` takes the learning rate the server's own copy of the
+            model configures (:func:`configured_lr`, read in :meth:`setup`), never the one a client reports in its
+            update's metadata: a client could otherwise set the server's step.
 
     Raises:
-        ValueError: on an unknown form.
+        ValueError: on an unknown form; in :meth:`setup`, when the faithful form has no ``server_lr`` and the
+            model configures no optimiser to read it from.
     """
 
     def __init__(
@@ -44,10 +48,19 @@ class DPFLAggregator(Aggregator):
             raise ValueError(f"DPFLAggregator(form={form!r}) is unknown; use 'eta_over_all_samples' or 'fedavg'.")
         self.form, self.server_lr = form, server_lr
         self.total_samples = 0
+        self.eta: float | None = server_lr
 
     @override
     def setup(self, ctx: SetupContext) -> None:
         self.total_samples = sum(ctx.spec.num_train_samples)
+        if self.form == "fedavg" or self.server_lr is not None:
+            return
+        self.eta = configured_lr(ctx.global_model)
+        if self.eta is None:
+            raise ValueError(
+                f"DPFLAggregator(form='eta_over_all_samples') needs eta, and {type(ctx.global_model).__name__}."
+                "configure_optimizers() gives no optimiser to read it from; set DPFLAggregator(server_lr=...)."
+            )
 
     @override
     def aggregate(
@@ -55,9 +68,39 @@ class DPFLAggregator(Aggregator):
     ) -> tuple[dict[str, Tensor], dict[str, float]]:
         if self.form == "fedavg":
             return weighted_average([u.delta for u in updates], [u.num_samples for u in updates]), {}
-        eta = self.server_lr if self.server_lr is not None else updates[0].metadata.get("lr")
+        eta = self.eta
         if eta is None or self.total_samples <= 0:
             raise ValueError(
                 "DPFLAggregator(form='eta_over_all_samples') needs setup(ctx) and eta: set server_lr=... ."
             )
         return weighted_sum([u.delta for u in updates], [eta * u.num_samples / self.total_samples for u in updates]), {}
+
+
+def configured_lr(model: nn.Module) -> float | None:
+    """The learning rate of the first optimiser ``model.configure_optimizers()`` returns, or ``None``.
+
+    It reads the server's own copy of the model's configuration (the clients train with the same one), in every
+    form Lightning accepts: an optimiser, a list or tuple of them (with schedulers), or a dict with ``"optimizer"``.
+
+    Example:
+        >>> class Net(nn.Linear):
+        ...     def configure_optimizers(self):
+        ...         return {"optimizer": torch.optim.SGD(self.parameters(), lr=0.05)}
+        >>> configured_lr(Net(1, 1))
+        0.05
+    """
+    configure = getattr(model, "configure_optimizers", None)
+    if configure is None:
+        return None
+    try:
+        found = configure()
+    except Exception:  # a model whose optimiser needs a Trainer attached: no rate to read here
+        return None
+    while isinstance(found, list | tuple) and found:
+        found = found[0]
+    if isinstance(found, dict):
+        found = found.get("optimizer")
+    if not isinstance(found, torch.optim.Optimizer) or not found.param_groups:
+        return None
+    lr = found.param_groups[0].get("lr")
+    return float(lr) if isinstance(lr, int | float | torch.Tensor) else None

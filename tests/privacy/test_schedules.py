@@ -23,7 +23,11 @@ def test_schedule_kinds(kind: str, round_idx: int, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"kind": "warmup"}, "unknown"), ({"end": 0.0}, "must be > 0"), ({"num_rounds": 0}, "num_rounds")],
+    [
+        ({"kind": "warmup"}, "unknown"),
+        ({"end": 0.0}, "must stay a finite number > 0"),
+        ({"num_rounds": 0}, "num_rounds"),
+    ],
 )
 def test_schedule_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

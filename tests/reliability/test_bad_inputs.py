@@ -60,7 +60,7 @@ FIT_CASES = {
     "Dirichlet alpha 0": (["--data.alpha", "0"], "data.alpha=0.0 must be a finite number > 0"),
     "unknown dataset": (["--data.dataset", "no-such-data"], "data.dataset='no-such-data'"),
     "unknown backbone": (["--model.init_args.backbone", "resnet9000"], "backbone='resnet9000' is unknown"),
-    "negative lr": (["--model.init_args.lr", "-1"], "lr=-1.0 must be > 0"),
+    "negative lr": (["--model.init_args.lr", "-1"], "model.init_args.lr=-1.0 must be a finite number > 0"),
     "NaN lr": (["--model.init_args.lr", ".nan"], "model.init_args.lr=nan must be a finite number > 0"),
     "infinite lr": (["--model.init_args.lr", ".inf"], "model.init_args.lr=inf must be a finite number > 0"),
     "zero rounds": (["--loop.num_rounds", "0"], "loop.num_rounds=0 trains nothing"),
@@ -121,7 +121,8 @@ FIT_CASES = {
             "[{class_path: lightning_fl.defences.FedCDP, init_args: {max_grad_norm: {class_path: "
             "lightning_fl.privacy.Schedule, init_args: {start: 6, end: -2, kind: linear, num_rounds: 10}}}}]",
         ],
-        "Schedule(start=6.0, end=-2.0) must be > 0 (a clip bound or noise multiplier).",
+        "Schedule(start=6.0, end=-2.0): a clip bound or noise multiplier must stay a finite number > 0; set the "
+        "schedule's init_args.start and init_args.end to positive values (e.g. start: 6.0, end: 2.0).",
     ),
     "a user model built for other images": (
         ["--model.class_path", "tests.user_project.DigitsNet", "--model.init_args", "{}", "--data.image_size", "16"],

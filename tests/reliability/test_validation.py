@@ -37,7 +37,9 @@ def test_update_norm_outliers_keeps_ordinary_spread() -> None:
 
 
 def test_a_huge_learning_rate_warns_with_the_fix() -> None:
-    with pytest.warns(UserWarning, match=r"model.init_args.lr=1e\+10 is above 10.*negative exponent"):
+    with pytest.warns(UserWarning, match=r"model.init_args.lr=100 is above 10.*negative exponent"):
+        check_learning_rate(100.0)
+    with pytest.raises(ValueError, match=r"model.init_args.lr=1e\+10 is above 1000, where no model trains"):
         check_learning_rate(1e10)
 
 

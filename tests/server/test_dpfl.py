@@ -14,7 +14,7 @@ def _updates() -> list[ClientUpdate]:
 
 
 def test_faithful_form_scales_by_eta_and_share_of_all_clients_samples() -> None:
-    aggregator = DPFLAggregator()
+    aggregator = DPFLAggregator(server_lr=0.01)
     aggregator.total_samples = 400  # K clients hold 400 samples; the two selected hold 40
     delta = aggregator.aggregate(_updates(), ctx=plugin_context({"w": torch.zeros(1)}))[0]
     assert delta["w"].item() == pytest.approx(0.01 * (10 * 1.0 + 30 * 4.0) / 400)

@@ -41,6 +41,7 @@ from lightning_fl.privacy.mechanisms import gaussian_noise
 from lightning_fl.server.aggregation import Aggregator, weighted_sum
 from lightning_fl.server.fedopt import ServerOptimizer
 from lightning_fl.transforms import ClientTransform
+from lightning_fl.validation import check_non_negative, check_positive
 
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, FederationSpec, RoundContext
@@ -122,14 +123,11 @@ class DPFedAvg(Defence, ClientTransform, FederatedCallback, PrivacyLedger):
         accountant: AccountantName = "rdp",
         server_optimizer: ServerOptimizer | None = None,
     ) -> None:
-        if noise_multiplier <= 0:
-            raise ValueError(f"DPFedAvg(noise_multiplier={noise_multiplier}) must be > 0 (z of Andrew et al.).")
-        if initial_clip <= 0:
-            raise ValueError(f"DPFedAvg(initial_clip={initial_clip}) must be > 0; Andrew et al. start at 0.1.")
+        check_positive(noise_multiplier, owner="DPFedAvg", name="noise_multiplier", hint=" (z of Andrew et al.)")
+        check_positive(initial_clip, owner="DPFedAvg", name="initial_clip", hint="; Andrew et al. start at 0.1")
         if not 0 < target_quantile < 1:
             raise ValueError(f"DPFedAvg(target_quantile={target_quantile}) must be in (0, 1); 0.5 is the median.")
-        if clip_learning_rate < 0:
-            raise ValueError(f"DPFedAvg(clip_learning_rate={clip_learning_rate}) must be >= 0 (0: fixed clip).")
+        check_non_negative(clip_learning_rate, owner="DPFedAvg", name="clip_learning_rate", hint=" (0: fixed clip)")
         if not 0 < delta < 1:
             raise ValueError(f"DPFedAvg(delta={delta}) must be in (0, 1).")
         self.noise_multiplier, self.initial_clip, self.target_quantile = noise_multiplier, initial_clip, target_quantile

@@ -305,6 +305,46 @@ class EncryptedTensors:
         """Size on the wire: each ciphertext is an integer below :math:`n^2`."""
         return len(self.ciphertexts) * math.ceil(self.public_key.nsquare.bit_length() / 8)
 
+    def structure_error(self, *, round_idx: int) -> str | None:
+        """Server side, on arrival: why this is not a fresh encryption the server can combine, or ``None``.
+
+        A client's upload must hold, under its own public key, one ciphertext per ``spec.slots`` values of the
+        layers it declares (:func:`encrypt_tensors`), with no weight applied yet; a truncated or padded payload would
+        otherwise surface as an ``IndexError`` inside the homomorphic sum. ``round_idx`` is unused: ciphertexts carry
+        no round.
+
+        Example:
+            >>> import dataclasses
+            >>> with warnings.catch_warnings():
+            ...     warnings.simplefilter("ignore")
+            ...     spec = PackingSpec(key_size=128, precision_bits=2, value_bound=1.0, max_weight_sum=1, packing=False)
+            >>> public_key, _ = generate_keypair(spec=spec)
+            >>> sent = encrypt_tensors({"w": torch.zeros(3)}, public_key=public_key, spec=spec)
+            >>> sent.structure_error(round_idx=0) is None
+            True
+            >>> dataclasses.replace(sent, ciphertexts=sent.ciphertexts[:2]).structure_error(round_idx=0)
+            'it holds 2 ciphertexts, but 3 values in slots of 1 need 3'
+        """
+        if not isinstance(self.public_key, PaillierPublicKey) or not isinstance(self.spec, PackingSpec):
+            return "its public key or packing spec is not a Paillier key and PackingSpec"
+        shapes = self.shapes if isinstance(self.shapes, dict) else {}
+        if not shapes or not all(
+            isinstance(s, tuple) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes.values()
+        ):
+            return f"its declared shapes {self.shapes!r} are not a mapping of layer names to shapes"
+        ciphertexts = self.ciphertexts if isinstance(self.ciphertexts, tuple | list) else ()
+        needed = math.ceil(self.num_values / self.spec.slots)
+        if len(ciphertexts) != needed:
+            return (
+                f"it holds {len(ciphertexts)} ciphertexts, but {self.num_values} values in slots of "
+                f"{self.spec.slots} need {needed}"
+            )
+        if not all(isinstance(c, EncryptedNumber) and c.public_key == self.public_key for c in ciphertexts):
+            return "a ciphertext is not a Paillier EncryptedNumber under the payload's public key"
+        if self.weight_sum != 1 or self.normaliser != 1:
+            return f"it claims weights already applied (weight_sum={self.weight_sum!r}, normaliser={self.normaliser!r})"
+        return None
+
 
 def encrypt_tensors(
     tensors: dict[str, Tensor], *, public_key: PaillierPublicKey, spec: PackingSpec

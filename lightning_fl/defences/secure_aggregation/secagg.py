@@ -80,6 +80,32 @@ class MaskedInput:
         """Bytes on the wire: one ``bits``-bit ring element per value, sent as 8 bytes."""
         return self.masked.numel() * 8
 
+    def structure_error(self, *, round_idx: int) -> str | None:
+        """Server side, on arrival: why this is not a masked input of round ``round_idx``, or ``None``.
+
+        It must be a flat ``int64`` tensor with one ring element per value of the layers it declares, masked with
+        this round's keys; a truncated one would otherwise fail inside the unmasking sum.
+
+        Example:
+            >>> MaskedInput(torch.zeros(2, dtype=torch.int64), 0, {"w": (3,)}).structure_error(round_idx=0)
+            'its masked values are a Tensor of shape (2,) and torch.int64, expected a flat int64 tensor of 3 values'
+        """
+        if self.round_idx != round_idx:
+            return f"it was masked with the keys of round {self.round_idx!r}, not of round {round_idx}"
+        shapes = self.shapes if isinstance(self.shapes, dict) else {}
+        if not all(isinstance(s, tuple) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes.values()):
+            return f"its declared shapes {self.shapes!r} are not a mapping of layer names to shapes"
+        count = sum(math.prod(s) for s in shapes.values())
+        masked = self.masked
+        if not (isinstance(masked, Tensor) and masked.dtype == torch.int64 and not masked.is_meta) or tuple(
+            masked.shape
+        ) != (count,):
+            return (
+                f"its masked values are a {type(masked).__name__} of shape {tuple(getattr(masked, 'shape', ()))} "
+                f"and {getattr(masked, 'dtype', None)}, expected a flat int64 tensor of {count} values"
+            )
+        return None
+
 
 @dataclass(frozen=True)
 class RoundKeys:
