@@ -13,7 +13,7 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.server.selection import ClientSelector, uniform_sample
 
 if TYPE_CHECKING:
-    from lightning_fl.contexts import RoundContext, SetupContext
+    from lightning_fl.contexts import FederationSpec, RoundContext, SetupContext
 
 __all__ = ["ActiveSelector"]
 
@@ -72,10 +72,12 @@ class ActiveSelector(ClientSelector):
         self.unseen, self.loss_form = unseen, loss_form
         self.values: dict[int, float] = {}
         self.total_samples = 0
+        self.spec: FederationSpec | None = None
 
     @override
     def setup(self, ctx: SetupContext) -> None:
         self.total_samples = sum(ctx.spec.num_train_samples)
+        self.spec = ctx.spec  # each client's local steps come from here, never from what the client reports
 
     @override
     def observe(self, updates: Sequence[ClientUpdate]) -> None:
@@ -84,7 +86,8 @@ class ActiveSelector(ClientSelector):
                 continue
             loss = u.loss
             if self.loss_form == "sum_over_steps":
-                loss = u.loss * u.metadata.get("local_steps", 1) / u.num_samples
+                steps = self.spec.steps_per_round(u.client_id) if self.spec is not None else 1
+                loss = u.loss * steps / u.num_samples
             self.values[u.client_id] = u.num_samples / max(self.total_samples, 1) * loss
 
     def valuations(self, num_clients: int) -> torch.Tensor:

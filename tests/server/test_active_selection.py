@@ -70,8 +70,19 @@ def test_first_round_is_uniform_and_selection_has_no_duplicates() -> None:
 )
 def test_valuation_is_data_share_times_loss(loss_form: str, expected: float) -> None:
     selector = ActiveSelector(loss_form=loss_form)
-    selector.total_samples = 1000
-    update = ClientUpdate(3, 0, {}, num_samples=100, loss=0.5, metadata={"local_steps": 20})
+    spec = FederationSpec(
+        num_clients=10,
+        clients_per_round=2,
+        num_rounds=2,
+        local_epochs=1,
+        local_steps=20,
+        seed=0,
+        batch_size=8,
+        num_train_samples=(100,) * 10,
+    )
+    selector.total_samples, selector.spec = 1000, spec  # what setup() reads off the run's spec
+    # the server's own count of local steps, never the client's report (a client cannot raise its valuation)
+    update = ClientUpdate(3, 0, {}, num_samples=100, loss=0.5, metadata={"local_steps": 10_000})
     selector.observe([update])
     assert selector.values == {3: pytest.approx(expected)}
     assert selector.valuations(5).tolist() == [pytest.approx(expected)] * 5  # unseen clients get the max
