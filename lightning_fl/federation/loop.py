@@ -50,7 +50,7 @@ from lightning_fl.private import public_state
 from lightning_fl.server import Aggregator, ClientSelector
 from lightning_fl.trainers import trainer_options
 from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerPlugin, ServerTransform
-from lightning_fl.validation import check_federated_data, check_private_state_stays_local
+from lightning_fl.validation import check_federated_data, check_output_dir, check_private_state_stays_local
 from lightning_fl.view import FederationView
 
 __all__ = ["FederatedLoop"]
@@ -147,6 +147,7 @@ class FederatedLoop:
         vectorize: bool | Literal["auto"] = False,
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
+        check_output_dir(output_dir)  # '' would write the run into the current directory
         self.max_update_norm_ratio, self.max_update_norm = norm_bounds(max_update_norm_ratio, max_update_norm)
         self.process_options = options = trainer_options(trainer)
         self.ranks = ranks_requested(options)

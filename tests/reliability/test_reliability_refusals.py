@@ -86,3 +86,9 @@ def test_python_loop_refuses_client_trainers_that_write_private_state(tmp_path, 
     with pytest.raises(ValueError, match=rf"loop.trainer.{option} would write each client's model with its private"):
         _loop(tmp_path, defences=[KeyLocks(key_length=8)], trainer={option: True})
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_python_loop_refuses_an_empty_output_dir() -> None:
+    dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16, batch_size=32, seed=0)
+    with pytest.raises(ValueError, match=r"output_dir='' is empty"):
+        FederatedLoop(make_classifier(dm), dm, num_rounds=1, output_dir="")
