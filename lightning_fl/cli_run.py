@@ -10,6 +10,7 @@ the model it ships, :class:`~lightning_fl.transforms.ServerPlugin`).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import sys
@@ -207,17 +208,19 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             )
         finally:
             lock.release()
-        table = Table("metric", "value", title=f"{entry['attack']} on {entry['num_images']} image(s)")
-        if "batches" in entry:  # totals over several attacked batches
+        totals = json.loads((output_dir / "summary.json").read_text()).get("totals")  # more than one image
+        shown = totals or entry
+        table = Table("metric", "value", title=f"{shown['attack']} on {shown['num_images']} image(s)")
+        if totals:
             for key in ("psnr", "ssim"):
-                low, high = entry[f"{key}_interval"]
-                table.add_row(key, f"{entry[key]:.4g} (95% CI {low:.4g}-{high:.4g})")
-            table.add_row(f"share at SSIM >= {entry['success_ssim']}", f"{entry['share_recovered']:.3g}")
+                low, high = totals[f"{key}_interval"]
+                table.add_row(key, f"{totals[key]:.4g} (95% CI {low:.4g}-{high:.4g})")
+            table.add_row(f"share at SSIM >= {totals['success_ssim']}", f"{totals['share_recovered']:.3g}")
             keys: tuple[str, ...] = ("label_accuracy", "seconds")
         else:
             keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds")
         for key in keys:
-            table.add_row(key, "null" if entry[key] is None else f"{entry[key]:.4g}")
+            table.add_row(key, "null" if shown[key] is None else f"{shown[key]:.4g}")
         Console().print(table)
         if "attacked" in entry:
             print(f"attacked: {', '.join(map(str, entry['attacked']))}")

@@ -290,11 +290,11 @@ def run_attack(
         seed: seed of the batch choice.
 
     Returns:
-        the ``summary.json["attacks"]`` entry (with more than one attacked image: ``summary.json["totals"]``,
-        see :func:`attack_totals`): ``attack``, ``round``, ``client``, ``leak_point``, ``mse``, ``psnr``,
-        ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``recovered``, ``image``,
-        ``matched_sources``,
-        ``attacked`` (where each attacked image came from: its file for an ImageFolder), ``seconds``.
+        the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``,
+        ``psnr``, ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``recovered``,
+        ``image``, ``matched_sources``, ``attacked`` (where each attacked image came from: its file for an
+        ImageFolder), ``seconds``; with ``run.batches > 1``, ``summary.json["totals"]`` instead (see
+        :func:`attack_totals`; the summary holds them whenever more than one image was attacked).
 
     Raises:
         ValueError: see :func:`check_attack_run`.
@@ -346,8 +346,9 @@ def run_attack(
         )
     summary: dict[str, object] = {"attacks": entries}
     entry = entries[0]
-    if len(ssims) > 1:
-        entry = summary["totals"] = attack_totals(entries, psnrs=psnrs, ssims=ssims, success_ssim=run.success_ssim)
+    if len(ssims) > 1:  # one batch of several images has its interval too; the call returns them for several batches
+        summary["totals"] = attack_totals(entries, psnrs=psnrs, ssims=ssims, success_ssim=run.success_ssim)
+        entry = summary["totals"] if run.batches > 1 else entry
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return entry
 
