@@ -18,6 +18,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter
 
 from lightning_fl.bench.command import bench_parser
+from lightning_fl.bench.experiment import FIT_COMMAND_LOOP_DEFAULTS
 from lightning_fl.cli_help import DESCRIPTION, SUBCOMMAND_HELP
 from lightning_fl.datamodules.federated import FederatedDataModule
 from lightning_fl.defences.base import Defence
@@ -144,9 +145,7 @@ def _fit_parser() -> ArgumentParser:
         skip={"model", "datamodule", "defences", "server_plugins", "output_dir", "seed"},
         instantiate=False,
     )
-    # the command stacks plain clients where it pays: the quickstart's history equals the one-by-one fit's to
-    # 6e-7 in loss and exactly in accuracy (docs/performance.md, "Vectorised clients")
-    parser.set_defaults({"loop.vectorize": "auto"})
+    parser.set_defaults({f"loop.{key}": value for key, value in FIT_COMMAND_LOOP_DEFAULTS.items()})
     return parser
 
 

@@ -138,8 +138,10 @@ def test_photos_preset_is_rgb_at_32_with_the_same_threat_model_kinds() -> None:
 
 
 def test_fl_and_dp_algorithms_are_grid_entries(tmp_path) -> None:
-    """FedAdam (an aggregator), FedProx (a client callback), DP-FedAvg and SecAgg (defence bundles) as bench rows."""
-    grid = {**MINI, "threat_models": {"fedsgd_b1": _B1}}
+    """FedAdam (an aggregator), FedProx (a client callback), DP-FedAvg and SecAgg (defence bundles) as bench rows;
+    the attack runs take two clients a round (secure aggregation of one client is refused: it hides nothing)."""
+    attack_run = {**MINI["attack_run"], "loop": {**MINI["attack_run"]["loop"], "clients_per_round": 2}}
+    grid = {**MINI, "attack_run": attack_run, "threat_models": {"fedsgd_b1": _B1}}
     grid["defences"] = {
         "fedadam": {"loop": {"aggregator": {"class_path": "lightning_fl.FedAdam"}}},
         "fedprox": {"client_callbacks": [{"class_path": "lightning_fl.FedProx", "init_args": {"mu": 0.01}}]},
