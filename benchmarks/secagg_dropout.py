@@ -57,6 +57,7 @@ def fit(
     spec["data"] = {**spec["data"], "image_size": image_size}
     spec["model"] = {**spec["model"], "class_path": f"{__name__}.FlakyClassifier"}
     spec["loop"] = {**spec["loop"], "num_rounds": rounds, "local_steps": local_steps, "eval_every": rounds}
+    spec["loop"]["vectorize"] = False  # the failure is raised in a client's own training_step: one Trainer each
     loop = build_loop(spec, output, callbacks=[Dropout(drop_round)])
     loop.fit()
     return loop

@@ -9,20 +9,13 @@ import pytest
 from lightning_fl.bench import cells, expand_strengths, load_settings, run_bench, utilities
 from lightning_fl.bench.grid import select
 from lightning_fl.bench.report import privacy_curves
+from tests.bench.test_bench import MINI
 
 _PRUNING = {"class_path": "lightning_fl.defences.GradientPruning", "init_args": {"ratio": 0.7}}
 TINY = {
-    "seeds": [0],
-    "data": {"dataset": "digits", "num_clients": 4, "partition": "iid", "batch_size": 16, "image_size": 16},
-    "model": {
-        "class_path": "lightning_fl.models.ImageClassifier",
-        "init_args": {"backbone": "lenet_dlg", "optimizer": "adam", "lr": 0.002},
-    },
-    "loop": {"num_rounds": 1, "clients_per_round": 2, "local_steps": 2, "trainer": {"accelerator": "cpu"}},
-    "attack_run": {
-        "model": {"init_args": {"optimizer": "sgd", "lr": 0.1}},
-        "loop": {"num_rounds": 1, "clients_per_round": 1, "local_steps": 1, "eval_every": 0},
-    },
+    **MINI,
+    "loop": {**MINI["loop"], "num_rounds": 1, "local_steps": 2},
+    "attack_run": {**MINI["attack_run"], "model": {"init_args": {"optimizer": "sgd", "lr": 0.1}}},
     "threat_models": {"fedsgd_b1": {"leak_point": "client_update", "data": {"batch_size": 1}}},
     "attacks": {"dlg": {"class_path": "lightning_fl.attacks.DLGAttack", "init_args": {"max_iterations": 30}}},
     "defences": {
