@@ -175,6 +175,14 @@ def load_benchmark(name: str) -> ModuleType:
     return sys.modules[name]
 
 
+def load_breaching_parity() -> ModuleType:
+    """``benchmarks/breaching_parity.py`` with the benchmark scripts it imports by name (run as a script, they sit
+    beside it on the path)."""
+    for dependency in ("analytic_attack", "label_recovery", "see_through_gradients"):
+        load_benchmark(dependency)
+    return load_benchmark("breaching_parity")
+
+
 COMMAND_DEFAULT_RUNS = ("runs/lightning-fl", "runs/attack", "runs/bench")
 """Where ``fit``/``test``, ``attack`` and ``bench`` write when neither the command line nor the config names an
 ``output_dir``."""

@@ -16,11 +16,9 @@ import breaching
 
 from lightning_fl.attacks.priors import total_variation
 from lightning_fl.attacks.standalone import client_view
-from tests.conftest import load_benchmark
+from tests.conftest import load_breaching_parity
 
-for _dependency in ("_timing", "analytic_attack", "label_recovery", "see_through_gradients"):
-    load_benchmark(_dependency)
-parity = load_benchmark("breaching_parity")
+parity = load_breaching_parity()
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,9 @@ from omegaconf import open_dict
 from lightning_fl.attacks import SeeThroughGradientsAttack
 from lightning_fl.attacks.batch_norm import batch_norm_prior
 from lightning_fl.attacks.priors import total_variation
-from tests.conftest import load_benchmark
+from tests.conftest import load_breaching_parity
 
-for _dependency in ("_timing", "analytic_attack", "label_recovery", "see_through_gradients"):
-    load_benchmark(_dependency)
-parity = load_benchmark("breaching_parity")
+parity = load_breaching_parity()
 
 
 @pytest.fixture(scope="module")
