@@ -140,6 +140,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
         label_strategy: rule of :func:`~lightning_fl.attacks.labels.infer_labels`.
         init: starting images.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all.
+        consensus: return the mean of the restarts' best iterates (see :class:`GradientMatchingAttack`).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
 
@@ -172,6 +173,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
             "label_strategy": "bias_count",
             "init": "randn",
             "layers": None,
+            "consensus": False,
             "progress_bar": True,
             "seed": 0,
         },

@@ -108,7 +108,7 @@ class GradientMatchingAttack(GradientAttack):
         max_iterations: objective evaluations per restart; ``"auto"``: :data:`SINGLE_MAX_ITERATIONS` for one image,
             :data:`BATCH_MAX_ITERATIONS` for a batch (B > 1), see :meth:`batch_settings`.
         restarts: independent random starts, run as one batched computation; the one with the smallest final
-            gradient distance wins.
+            gradient distance wins (or, with ``consensus``, all of them are averaged).
         labels: ``"optimise"`` soft labels jointly (DLG) or ``"infer"`` them analytically first (iDLG); ``"auto"``:
             optimise them for one image per gradient, infer them for a batch (see :meth:`label_mode`).
         label_strategy: the rule of :func:`~lightning_fl.attacks.labels.infer_labels` when ``labels="infer"``.
@@ -134,6 +134,10 @@ class GradientMatchingAttack(GradientAttack):
         recover_stalled: with L-BFGS, re-draw a restart whose network saturated (gradient exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (see
             :class:`~lightning_fl.attacks.restart_recovery.RestartRecovery`).
+        consensus: return the pixel-wise mean of every restart's best iterate (the group consensus
+            :math:`E(x_g)` of Yin et al., CVPR 2021, Eq. 10-11, without their registration) instead of
+            the best restart's: each restart ends in its own local optimum, and the mean averages their independent
+            errors out. Needs one label order shared by every restart (labels inferred, one local step).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -172,6 +176,7 @@ class GradientMatchingAttack(GradientAttack):
         stop_below: float | Auto | None = None,
         keep_best_after: int | None = None,
         recover_stalled: bool = False,
+        consensus: bool = False,
         progress_bar: bool = True,
         seed: int = 0,
     ) -> None:
@@ -197,6 +202,12 @@ class GradientMatchingAttack(GradientAttack):
             )
         if recover_stalled and optimizer != "lbfgs":
             raise ValueError(f"{type(self).__name__}(recover_stalled=True) needs optimizer='lbfgs'.")
+        if consensus and labels == "optimise":
+            raise ValueError(
+                f"{type(self).__name__}(consensus=True) averages restarts that share their labels; "
+                "labels='optimise' gives each restart its own: use labels='infer'."
+            )
+        self.consensus = consensus
         self.stop_below, self.keep_best_after, self.recover_stalled = stop_below, keep_best_after, recover_stalled
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
@@ -298,6 +309,12 @@ class GradientMatchingAttack(GradientAttack):
         images = initial_images(shape, init=self.init, generator=generator).to(device, dtype).requires_grad_()
         label_shape = (target.num_images, num_classes)
         label_mode = self.label_mode(target.data_per_step)
+        if self.consensus and (label_mode != "infer" or target.local_steps > 1):
+            raise ValueError(
+                f"{type(self).__name__}(consensus=True) needs one label order shared by every restart: labels "
+                f"inferred and one local step (this view: labels {label_mode!r}, {target.local_steps} local steps); "
+                "set consensus to false."
+            )
 
         def redraw(count: int) -> list[Tensor]:
             fresh = [initial_images((count, *shape[1:]), init=self.init, generator=generator)]
@@ -447,8 +464,8 @@ class GradientMatchingAttack(GradientAttack):
 
     def reconstruct(self, view: ServerView, *, callback: IterationCallback | None = None) -> Reconstruction:
         """Reconstruct the private batch behind ``view``: each restart's iterate of smallest objective, of the
-        restart whose is smallest (on an early stop, the restart whose relative gradient distance reached
-        ``stop_below``, at that iterate).
+        restart whose is smallest, or with ``consensus`` their mean (on an early stop, the restart whose relative
+        gradient distance reached ``stop_below``, at that iterate).
 
         The attack runs on the attacked model's device; the returned images and labels are on the CPU.
         """
@@ -470,6 +487,8 @@ class GradientMatchingAttack(GradientAttack):
         else:
             best = int(state.best_losses.nan_to_num(torch.inf).argmin())
             images, labels = state.best_images[best], state.best_labels[best]
+            if self.consensus:
+                images = state.best_images.nan_to_num(0.5).clamp(0, 1).mean(0)
         winner = int(state.restart_ids[best])
         loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
@@ -479,6 +498,7 @@ class GradientMatchingAttack(GradientAttack):
             info={
                 "restarts": self.restarts,
                 "best_restart": winner,
+                "output": "consensus" if self.consensus and not state.converged else "best restart",
                 "iterations": len(history),
                 "final_loss": loss_history[-1],
                 "best_loss": float(state.best_losses[best]),
@@ -493,7 +513,7 @@ class GradientMatchingAttack(GradientAttack):
             f"{type(self).__name__}(distance={self.distance!r}, optimizer={self.optimizer!r}, lr={self.lr}, "
             f"max_iterations={self.max_iterations!r}, restarts={self.restarts}, labels={self.labels!r}, "
             f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r}, "
-            f"bn_statistics={self.bn_statistics!r}, bn_weight={self.bn_weight})"
+            f"bn_statistics={self.bn_statistics!r}, bn_weight={self.bn_weight}, consensus={self.consensus})"
         )
 
 

@@ -50,6 +50,8 @@ class InvertingGradientsAttack(GradientMatchingAttack):
         bn_statistics: the BatchNorm statistics the attacker knows (``"none"``, ``"running"``, ``"leaked"``,
             ``"auto"``).
         bn_weight: weight of the BatchNorm prior (0: off).
+        consensus: return the mean of the restarts' best iterates instead of the best restart's (not in the paper:
+            See-Through-Gradients' group consensus; see :class:`GradientMatchingAttack`).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
 
@@ -74,6 +76,7 @@ class InvertingGradientsAttack(GradientMatchingAttack):
             "layers": None,
             "bn_statistics": "none",
             "bn_weight": 0.0,
+            "consensus": False,
             "progress_bar": True,
             "seed": 0,
         },

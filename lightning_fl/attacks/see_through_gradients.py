@@ -60,6 +60,8 @@ class SeeThroughGradientsAttack(GradientMatchingAttack):
         group_weight: :math:`\alpha_{group}` (needs ``restarts >= 2``; 0 disables).
         l2_weight: :math:`\alpha_{\ell_2}`.
         tv_weight: :math:`\alpha_{TV}`.
+        consensus: return the group's consensus (the mean of the restarts' best iterates, Eq. 11 without
+            registration) instead of the best restart's iterate.
         label_strategy: the label rule (``"yin"``: Eq. 6).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
@@ -93,6 +95,7 @@ class SeeThroughGradientsAttack(GradientMatchingAttack):
             "l2_weight": 1e-6,
             "tv_weight": 1e-4,
             "label_strategy": "yin",
+            "consensus": False,
             "progress_bar": True,
             "seed": 0,
         },

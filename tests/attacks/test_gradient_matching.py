@@ -127,3 +127,23 @@ def test_recovery_sends_a_diverged_restart_back_and_redraws_a_saturated_one() ->
     assert images.tolist() == [[0.0, 0.0], [-1.0, -1.0], [9.0, 9.0]]
     assert cleared[0].tolist() == [True, True, False]
     assert recovery.best[1] == torch.inf
+
+
+def test_consensus_returns_the_mean_of_the_restarts_best_iterates() -> None:
+    view, _ = digits_view(batch_size=2, image_size=16)
+    settings = {"max_iterations": 20, "restarts": 3, "progress_bar": False}
+    states = list(InvertingGradientsAttack(**settings).iterate(view))
+    reconstruction = InvertingGradientsAttack(**settings, consensus=True).reconstruct(view)
+    expected = states[-1].best_images.clamp(0, 1).mean(0)
+    assert torch.allclose(reconstruction.images, expected)
+    assert reconstruction.info["output"] == "consensus"
+    assert not torch.allclose(reconstruction.images, states[-1].best_images[0].clamp(0, 1))
+
+
+def test_consensus_is_refused_where_restarts_hold_different_labels() -> None:
+    with pytest.raises(ValueError, match="labels='optimise' gives each restart its own"):
+        GradientMatchingAttack(labels="optimise", consensus=True)
+    two_steps, _ = digits_view(batch_size=1, local_steps=2, image_size=16)
+    attack = InvertingGradientsAttack(max_iterations=2, restarts=2, consensus=True, progress_bar=False)
+    with pytest.raises(ValueError, match="one label order shared by every restart"):
+        attack.reconstruct(two_steps)
