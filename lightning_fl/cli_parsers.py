@@ -158,6 +158,13 @@ def _attack_parser() -> ArgumentParser:
     _overwrite(parser)
     parser.add_subclass_arguments(GradientAttack, "attack", required=True)
     parser.add_class_arguments(AttackRun, "run")
+    parser.add_argument(
+        "--ckpt_path",
+        type=str | None,
+        default=None,
+        help=f"the {GLOBAL_MODEL_FILE} a fit run wrote: attack its trained global model (with the same model:, "
+        "defences: and data.image_size); default: the model at its initialisation (round 0).",
+    )
     return parser
 
 

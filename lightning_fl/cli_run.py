@@ -186,6 +186,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     init = _instantiate(parser, cfg)
     apply_server_plugins(init.model, init.server_plugins, data=init.data)
     apply_defences(init.model, init.defences, data=init.data)
+    if cfg.ckpt_path is not None:  # a trained global model: the defended model's public keys are what fit exported
+        load_global_model(init.model, cfg.ckpt_path)
     check_attack_run(init.attack, data=init.data, model=init.model, run=init.run)
     check_model_takes_inputs(init.model, init.data.train_dataloader(init.run.client_id))
     lock = RunLock(output_dir)

@@ -317,3 +317,24 @@ def test_test_refuses_a_global_model_with_non_finite_weights(finished, tmp_path,
     args = ["test", "-c", str(QUICKSTART), "--data.image_size", "16", "--data.num_clients", "4"]
     assert main([*args, "--ckpt_path", str(tmp_path / "nan.safetensors")]) == 2
     assert f"holds non-finite weights (NaN or inf) in ['{key}']" in one_error_line(capsys.readouterr().err)
+
+
+def test_attack_takes_a_fit_runs_trained_global_model(finished, tmp_path, capsys) -> None:
+    from safetensors.torch import load_file, save_file
+
+    attack = ["attack", "-c", str(CONFIGS / "idlg_lenet_digits.yaml"), "--attack.init_args.max_iterations", "3"]
+    attack += ["--attack.init_args.progress_bar", "false", "--data.num_clients", "4"]
+    trained = str(finished / "global_model.safetensors")
+    run = tmp_path / "trained"
+    assert main([*attack, "--data.image_size", "16", "--ckpt_path", trained, "--output_dir", str(run)]) == 0
+    assert f"ckpt_path: {trained}" in (run / "config.yaml").read_text()
+    assert main([*attack, "--ckpt_path", trained, "--output_dir", str(tmp_path / "size")]) == 2
+    assert "does not fit the configured model" in one_error_line(capsys.readouterr().err)
+    state = load_file(trained)
+    key = sorted(state)[0]
+    state[key][0] = float("nan")
+    save_file(state, str(tmp_path / "nan.safetensors"))
+    nan = ["--data.image_size", "16", "--ckpt_path", str(tmp_path / "nan.safetensors")]
+    assert main([*attack, *nan, "--output_dir", str(tmp_path / "nan")]) == 2
+    assert f"holds non-finite weights (NaN or inf) in ['{key}']" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "nan").exists() and not (tmp_path / "size").exists()
