@@ -44,6 +44,7 @@ __all__ = [
     "label_set_accuracy",
     "lpips",
     "match_reconstructions",
+    "own_colour_ssim",
     "psnr",
     "psnr_ref_rmse",
     "score_reconstruction",
@@ -122,6 +123,25 @@ def ssim(preds: Tensor, target: Tensor) -> Tensor:
     """
     _check_images(preds, target)
     return structural_similarity_index_measure(preds.float(), target.float(), data_range=1.0, reduction="none")
+
+
+def own_colour_ssim(target: Tensor) -> Tensor:
+    """Per-image SSIM of a flat image of each image's own mean colour against it, shape ``(N,)``: what a
+    reconstruction that recovered the colour and nothing else scores.
+
+    SSIM is lenient on smooth images (its constants dominate where the local variance is small): a flat patch of
+    sky or skin reaches 0.8 with no structure at all. An attack that reads BatchNorm statistics leaked by the update
+    learns the first layer's per-channel means, and with them nearly the mean colour; a reconstruction counts as
+    more than that only where its SSIM beats this.
+
+    Example:
+        >>> smooth = torch.linspace(0.4, 0.5, 16).repeat(3, 16, 1)[None]  # a faint gradient
+        >>> noise = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        >>> own_colour_ssim(torch.cat([smooth, noise])).round(decimals=2)
+        tensor([0.9100, 0.0100])
+    """
+    flat = target.float().mean(dim=(-2, -1), keepdim=True).expand_as(target)
+    return ssim(flat, target)
 
 
 def _alexnet_weights_path() -> Path:
