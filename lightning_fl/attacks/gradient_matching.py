@@ -55,6 +55,7 @@ from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_la
 from lightning_fl.attacks.local_update import parameter_gradient_and_inputs, simulated_pseudo_gradient
 from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
+from lightning_fl.attacks.metrics import match_reconstructions
 from lightning_fl.attacks.priors import TotalVariation, total_variation
 from lightning_fl.attacks.restart_recovery import RestartRecovery
 from lightning_fl.attacks.steppers import OPTIMIZERS, OptimizerName, make_stepper
@@ -84,6 +85,7 @@ __all__ = [
     "initial_images",
     "leaked_batch_size",
     "matching_target",
+    "restart_consensus",
     "total_variation",
 ]
 
@@ -134,10 +136,11 @@ class GradientMatchingAttack(GradientAttack):
         recover_stalled: with L-BFGS, re-draw a restart whose network saturated (gradient exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (see
             :class:`~lightning_fl.attacks.restart_recovery.RestartRecovery`).
-        consensus: return the pixel-wise mean of every restart's best iterate (the group consensus
-            :math:`E(x_g)` of Yin et al., CVPR 2021, Eq. 10-11, without their registration) instead of
-            the best restart's: each restart ends in its own local optimum, and the mean averages their independent
-            errors out. Needs one label order shared by every restart (labels inferred, one local step).
+        consensus: return the mean of every restart's best iterate (the group consensus :math:`E(x_g)` of Yin et
+            al., CVPR 2021, Eq. 10-11) instead of the best restart's: each restart ends in its own local optimum, and
+            the mean averages their independent errors out. Each restart's batch is first put in the best
+            restart's order (:func:`~lightning_fl.attacks.metrics.match_reconstructions`, standing in for the
+            paper's image registration); the labels are the best restart's.
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -202,11 +205,6 @@ class GradientMatchingAttack(GradientAttack):
             )
         if recover_stalled and optimizer != "lbfgs":
             raise ValueError(f"{type(self).__name__}(recover_stalled=True) needs optimizer='lbfgs'.")
-        if consensus and labels == "optimise":
-            raise ValueError(
-                f"{type(self).__name__}(consensus=True) averages restarts that share their labels; "
-                "labels='optimise' gives each restart its own: use labels='infer'."
-            )
         self.consensus = consensus
         self.stop_below, self.keep_best_after, self.recover_stalled = stop_below, keep_best_after, recover_stalled
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
@@ -309,12 +307,6 @@ class GradientMatchingAttack(GradientAttack):
         images = initial_images(shape, init=self.init, generator=generator).to(device, dtype).requires_grad_()
         label_shape = (target.num_images, num_classes)
         label_mode = self.label_mode(target.data_per_step)
-        if self.consensus and (label_mode != "infer" or target.local_steps > 1):
-            raise ValueError(
-                f"{type(self).__name__}(consensus=True) needs one label order shared by every restart: labels "
-                f"inferred and one local step (this view: labels {label_mode!r}, {target.local_steps} local steps); "
-                "set consensus to false."
-            )
 
         def redraw(count: int) -> list[Tensor]:
             fresh = [initial_images((count, *shape[1:]), init=self.init, generator=generator)]
@@ -488,7 +480,7 @@ class GradientMatchingAttack(GradientAttack):
             best = int(state.best_losses.nan_to_num(torch.inf).argmin())
             images, labels = state.best_images[best], state.best_labels[best]
             if self.consensus:
-                images = state.best_images.nan_to_num(0.5).clamp(0, 1).mean(0)
+                images = restart_consensus(state.best_images, best=best)
         winner = int(state.restart_ids[best])
         loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
@@ -515,6 +507,25 @@ class GradientMatchingAttack(GradientAttack):
             f"init={self.init!r}, stop_below={self.stop_below!r}, tv_weight={self.tv_weight!r}, "
             f"bn_statistics={self.bn_statistics!r}, bn_weight={self.bn_weight}, consensus={self.consensus})"
         )
+
+
+def restart_consensus(images: Tensor, *, best: int) -> Tensor:
+    """The mean over restarts of ``images`` ``(R, B, ...)`` (clamped to [0, 1]), each restart's batch first put in
+    the order of restart ``best``'s (its images matched to restart ``best``'s by the Hungarian algorithm: a batch's
+    order is arbitrary in each restart).
+
+    Example:
+        >>> a, b = torch.zeros(1, 4), torch.ones(1, 4)
+        >>> restart_consensus(torch.stack([torch.cat([a, b]), torch.cat([b, a])]), best=0)
+        tensor([[0., 0., 0., 0.],
+                [1., 1., 1., 1.]])
+    """
+    images = images.nan_to_num(0.5).clamp(0, 1)
+    aligned = []
+    for candidate in images:
+        rows, cols = match_reconstructions(candidate, images[best])
+        aligned.append(candidate[rows[cols.argsort()]])
+    return torch.stack(aligned).mean(0)
 
 
 class _BestIterates:

@@ -12,7 +12,7 @@ from lightning_fl.attacks import (
     Reconstruction,
     leaked_batch_size,
 )
-from lightning_fl.attacks.gradient_matching import matching_target
+from lightning_fl.attacks.gradient_matching import matching_target, restart_consensus
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.restart_recovery import RestartRecovery
 from lightning_fl.messages import ServerView
@@ -130,7 +130,7 @@ def test_recovery_sends_a_diverged_restart_back_and_redraws_a_saturated_one() ->
 
 
 def test_consensus_returns_the_mean_of_the_restarts_best_iterates() -> None:
-    view, _ = digits_view(batch_size=2, image_size=16)
+    view, _ = digits_view(batch_size=1, image_size=16)
     settings = {"max_iterations": 20, "restarts": 3, "progress_bar": False}
     states = list(InvertingGradientsAttack(**settings).iterate(view))
     reconstruction = InvertingGradientsAttack(**settings, consensus=True).reconstruct(view)
@@ -140,10 +140,11 @@ def test_consensus_returns_the_mean_of_the_restarts_best_iterates() -> None:
     assert not torch.allclose(reconstruction.images, states[-1].best_images[0].clamp(0, 1))
 
 
-def test_consensus_is_refused_where_restarts_hold_different_labels() -> None:
-    with pytest.raises(ValueError, match="labels='optimise' gives each restart its own"):
-        GradientMatchingAttack(labels="optimise", consensus=True)
-    two_steps, _ = digits_view(batch_size=1, local_steps=2, image_size=16)
-    attack = InvertingGradientsAttack(max_iterations=2, restarts=2, consensus=True, progress_bar=False)
-    with pytest.raises(ValueError, match="one label order shared by every restart"):
-        attack.reconstruct(two_steps)
+def test_consensus_puts_each_restarts_batch_in_the_best_restarts_order() -> None:
+    images = torch.rand(2, 3, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    swapped = torch.stack([images[0], images[0][[2, 0, 1]] * 0.9])  # restart 1: restart 0's images, reordered
+    expected = (images[0] + images[0] * 0.9) / 2
+    assert torch.allclose(restart_consensus(swapped, best=0), expected)
+    multi_step, _ = digits_view(batch_size=1, local_steps=2, image_size=16)  # restarts differ in label order
+    attack = InvertingGradientsAttack(max_iterations=3, restarts=3, consensus=True, progress_bar=False)
+    assert attack.reconstruct(multi_step).images.shape == (2, 1, 16, 16)
