@@ -210,7 +210,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             lock.release()
         totals = json.loads((output_dir / "summary.json").read_text()).get("totals")  # more than one image
         shown = totals or entry
-        table = Table("metric", "value", title=f"{shown['attack']} on {shown['num_images']} image(s)")
+        count = shown["num_images"]
+        table = Table("metric", "value", title=f"{shown['attack']} on {count} image(s), means over all {count}")
         if totals:
             for key in ("psnr", "ssim"):
                 low, high = totals[f"{key}_interval"]
@@ -218,9 +219,11 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             table.add_row(f"share at SSIM >= {totals['success_ssim']}", f"{totals['share_recovered']:.3g}")
             keys: tuple[str, ...] = ("label_accuracy", "seconds")
         else:
-            keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds")
+            keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds")
         for key in keys:
             table.add_row(key, "null" if shown[key] is None else f"{shown[key]:.4g}")
+        for key, text in _COUNTS.items():
+            table.add_row(text, f"{shown[key]} of {count}")
         Console().print(table)
         if "attacked" in entry:
             print(f"attacked: {', '.join(map(str, entry['attacked']))}")
@@ -229,6 +232,14 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
         return entry
 
     return attack
+
+
+_COUNTS = {
+    "reconstructed": "reconstructed (the rest scored as a mid-grey guess)",
+    "recovered": "recovered (PSNR >= 30 dB)",
+    "psnr_capped": "PSNR at the 100 dB cap (counted as 100)",
+}
+"""The counts the ``attack`` command prints under its scores, out of the attacked images."""
 
 
 def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Callable[[], list[dict[str, float]]]]:
