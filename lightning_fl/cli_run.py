@@ -9,7 +9,6 @@ the model it ships, :class:`~lightning_fl.transforms.ServerPlugin`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_lists import parse_with_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
+from lightning_fl.cli_schema import config_files, store_schema
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -337,14 +337,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ignore_after_the_run()
 
 
-def _config_files(args: list[str]) -> list[str]:
-    """The files of ``-c`` / ``--config`` in ``args`` (bench reads its own config format)."""
-    if args[:1] == ["bench"]:
-        return []
-    files = [value for flag, value in itertools.pairwise(args) if flag in ("-c", "--config")]
-    return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
-
-
 def _known_keys(args: list[str]) -> list[str]:
     """Every config key of the subcommand in ``args`` (for a suggestion when a key is unknown)."""
     subcommand = next((arg for arg in args if arg in SUBCOMMANDS), None)
@@ -355,9 +347,10 @@ def _known_keys(args: list[str]) -> list[str]:
 
 def _main(args: list[str]) -> int:
     try:
-        for path in _config_files(args):
+        for path in config_files(args):
             check_config_file(path)
         parser = build_parser()
+        store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
         cfg = parse_with_list_entries(parser, args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:
