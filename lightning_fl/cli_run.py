@@ -235,9 +235,9 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
 
 
 _COUNTS = {
-    "reconstructed": "reconstructed (the rest scored as a mid-grey guess)",
+    "reconstructed": "reconstructed (rest: grey guess)",
     "recovered": "recovered (PSNR >= 30 dB)",
-    "psnr_capped": "PSNR at the 100 dB cap (counted as 100)",
+    "psnr_capped": "PSNR at 100 dB cap (counted 100)",
 }
 """The counts the ``attack`` command prints under its scores, out of the attacked images."""
 
