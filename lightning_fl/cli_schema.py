@@ -101,11 +101,14 @@ def parser_schema(parser: Any) -> dict[str, Any]:
         if getattr(action, "_typehint", None) is not None and _open(action._typehint):
             open_keys.append(action.dest)
     columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(HELP_COLUMNS)
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)  # argparse wraps at the terminal's width
     try:
         text = parser.format_help()
     finally:
-        os.environ.pop("COLUMNS") if columns is None else os.environ.__setitem__("COLUMNS", columns)
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return {"help": text, "flags": sorted(flags), "keys": keys, "open": open_keys}
 
 
