@@ -3,8 +3,9 @@
 model, ``global_model.safetensors``, on the validation or test data).
 
 ``lightning-fl --help`` and ``--version`` answer from :mod:`lightning_fl.cli_help` without importing torch or
-Lightning; every subcommand (its ``--help`` included: the options come from the classes' signatures) is parsed and
-run by :mod:`lightning_fl.cli_run`.
+Lightning; a bare ``SUBCOMMAND --help`` and an unknown key answer from the cached schema of the subcommands'
+parsers (:mod:`lightning_fl.cli_schema`) when it is current; everything else is parsed and run by
+:mod:`lightning_fl.cli_run`, which builds the parsers from the classes' signatures (and stores that cache).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args == ["--version"]:
         print(f"lightning-fl {version()}")
         return 0
+    from lightning_fl.cli_schema import answer_from_cache
+
+    answered = answer_from_cache(args)
+    if answered is not None:
+        return answered
     from lightning_fl.cli_run import main as run
 
     return run(args)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["format_warning", "one_line"]
+__all__ = ["format_warning", "one_line", "with_suggestion"]
 
 
 def format_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
@@ -74,14 +74,26 @@ def one_line(err: BaseException, known_keys: Callable[[], Sequence[str]] | None 
     raised (``my_project.Net.__init__ raised RuntimeError: ...``).
     """
     message = _most_specific(err, where=where)
-    unknown = _UNKNOWN_KEY.search(message)
-    if unknown and known_keys is not None:
-        key = unknown.group(1) or unknown.group(2)
-        close = difflib.get_close_matches(key, list(known_keys()), n=1, cutoff=0.8)
-        if close:
-            suggestion = f"{close[0]!r}" if unknown.group(1) else f"--{close[0]}"  # a YAML key, or an argument
-            message = f"{message.rstrip('.')}; did you mean {suggestion}?"
+    if known_keys is not None and _UNKNOWN_KEY.search(message):
+        return with_suggestion(message, known_keys())
     return message
+
+
+def with_suggestion(message: str, known_keys: Sequence[str]) -> str:
+    """``message`` of an unknown key (a YAML key or a command-line argument) with the nearest of ``known_keys``.
+
+    Example:
+        >>> with_suggestion("unrecognized arguments: --loop.num_roundz 3", ["loop.num_rounds", "loop.workers"])
+        'unrecognized arguments: --loop.num_roundz 3; did you mean --loop.num_rounds?'
+    """
+    unknown = _UNKNOWN_KEY.search(message)
+    if not unknown:
+        return message
+    close = difflib.get_close_matches(unknown.group(1) or unknown.group(2), list(known_keys), n=1, cutoff=0.8)
+    if not close:
+        return message
+    suggestion = f"{close[0]!r}" if unknown.group(1) else f"--{close[0]}"  # a YAML key, or an argument
+    return f"{message.rstrip('.')}; did you mean {suggestion}?"
 
 
 def _most_specific(err: BaseException, *, where: bool = False) -> str:

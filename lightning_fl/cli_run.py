@@ -9,7 +9,6 @@ the model it ships, :class:`~lightning_fl.transforms.ServerPlugin`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_lists import parse_with_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
+from lightning_fl.cli_schema import config_files, store_schema
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -212,7 +212,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             lock.release()
         totals = json.loads((output_dir / "summary.json").read_text()).get("totals")  # more than one image
         shown = totals or entry
-        table = Table("metric", "value", title=f"{shown['attack']} on {shown['num_images']} image(s)")
+        count = shown["num_images"]
+        table = Table("metric", "value", title=f"{shown['attack']} on {count} image(s), means over all {count}")
         if totals:
             for key in ("psnr", "ssim"):
                 low, high = totals[f"{key}_interval"]
@@ -220,9 +221,11 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
             table.add_row(f"share at SSIM >= {totals['success_ssim']}", f"{totals['share_recovered']:.3g}")
             keys: tuple[str, ...] = ("label_accuracy", "seconds")
         else:
-            keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "recovered", "seconds")
+            keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds")
         for key in keys:
             table.add_row(key, "null" if shown[key] is None else f"{shown[key]:.4g}")
+        for key, text in _COUNTS.items():
+            table.add_row(text, f"{shown[key]} of {count}")
         Console().print(table)
         if "attacked" in entry:
             print(f"attacked: {', '.join(map(str, entry['attacked']))}")
@@ -231,6 +234,14 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
         return entry
 
     return attack
+
+
+_COUNTS = {
+    "reconstructed": "reconstructed (rest: grey guess)",
+    "recovered": "recovered (PSNR >= 30 dB)",
+    "psnr_capped": "PSNR at 100 dB cap (counted 100)",
+}
+"""The counts the ``attack`` command prints under its scores, out of the attacked images."""
 
 
 def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Callable[[], list[dict[str, float]]]]:
@@ -328,14 +339,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ignore_after_the_run()
 
 
-def _config_files(args: list[str]) -> list[str]:
-    """The files of ``-c`` / ``--config`` in ``args`` (bench reads its own config format)."""
-    if args[:1] == ["bench"]:
-        return []
-    files = [value for flag, value in itertools.pairwise(args) if flag in ("-c", "--config")]
-    return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
-
-
 def _known_keys(args: list[str]) -> list[str]:
     """Every config key of the subcommand in ``args`` (for a suggestion when a key is unknown)."""
     subcommand = next((arg for arg in args if arg in SUBCOMMANDS), None)
@@ -346,9 +349,10 @@ def _known_keys(args: list[str]) -> list[str]:
 
 def _main(args: list[str]) -> int:
     try:
-        for path in _config_files(args):
+        for path in config_files(args):
             check_config_file(path)
         parser = build_parser()
+        store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
         cfg = parse_with_list_entries(parser, args)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:

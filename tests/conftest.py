@@ -1,5 +1,6 @@
-"""Shared fixtures: offline W&B, one torch thread per test worker, tiny federations on real digits, and the guard
-that keeps every test out of the repository's ``runs/`` (tests write and read only their own temporary folders)."""
+"""Shared fixtures: offline W&B, no cached command schema, one torch thread per test worker, tiny federations on real
+digits, and the guard that keeps every test out of the repository's ``runs/`` (tests write and read only their own
+temporary folders)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import ModuleType
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ["LIGHTNING_FL_CACHE_DIR"] = ""  # no cached parser schema (lightning_fl.cli_schema): tests build the parsers
 
 import pytest
 import torch

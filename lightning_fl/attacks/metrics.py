@@ -2,7 +2,8 @@
 
 The toolkit's convention (DESIGN.md principle 5): images in [0, 1]; MSE, PSNR (data range 1), SSIM and LPIPS
 per image from torchmetrics; a reconstructed batch is first matched to the ground truth with the Hungarian
-algorithm (the attacker cannot know the batch order), then scores are averaged over the matched pairs.
+algorithm (the attacker cannot know the batch order), then scores are averaged over every ground-truth image, an
+image the attack returned nothing for scored as a miss (:func:`score_reconstruction`).
 Paper-specific variants are their own functions: :func:`fdlpp_privacy_score` (FDL-PP, Gu et al., Eq. 6) and
 :func:`psnr_ref_rmse` (the RMSE-based "PSNR" of the thesis' evaluation code, Ren 2023).
 
@@ -33,6 +34,7 @@ from lightning_fl.messages import GroundTruth
 
 __all__ = [
     "LPIPS_WARNING",
+    "MISSED_GUESS",
     "PSNR_CAP",
     "RECOVERED_PSNR",
     "LabelRecoveryAccuracy",
@@ -236,6 +238,8 @@ def match_reconstructions(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor
             f"reconstructions of shape {tuple(preds.shape[1:])} cannot be matched to ground truth of shape "
             f"{tuple(target.shape[1:])}."
         )
+    if len(preds) == 0 or len(target) == 0:  # an attack that returned nothing matches nothing
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     cost = torch.cdist(preds.flatten(1).double(), target.flatten(1).double()).pow(2) / preds[0].numel()
     rows, cols = linear_sum_assignment(cost.numpy())
     return torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(cols, dtype=torch.long)
@@ -409,6 +413,12 @@ def psnr_ref_rmse(preds: Tensor, target: Tensor) -> Tensor:
     return 10 * torch.log10(255.0**2 / rmse.clamp_min(1e-8))
 
 
+MISSED_GUESS = 0.5
+"""The pixel value of the image a ground-truth image is scored against when the attack returned no reconstruction
+for it: a mid-grey image, the guess of an attacker who has nothing (and what
+:class:`~lightning_fl.attacks.robbing_the_fed.RobbingTheFedAttack` puts where a bin divides by zero)."""
+
+
 def _mean_or_none(values: Tensor | None) -> float | None:
     return None if values is None else float(values.mean())
 
@@ -416,50 +426,67 @@ def _mean_or_none(values: Tensor | None) -> float | None:
 def score_reconstruction(
     reconstruction: Reconstruction, ground_truth: GroundTruth, *, num_classes: int | None = None
 ) -> dict[str, Any]:
-    """Match a reconstruction to the ground truth and average the per-image metrics.
+    """Match a reconstruction to the ground truth and average the per-image metrics over every ground-truth image.
+
+    An attack may return fewer images than it attacked (Robbing the Fed returns one per non-empty bin). Each
+    returned image is matched to a distinct ground-truth image (:func:`match_reconstructions`); a ground-truth
+    image left without one is a miss, scored against a mid-grey image (:data:`MISSED_GUESS`), so every mean is over
+    all the attacked images and a miss counts as what it is.
 
     Returns the metric part of a ``summary.json["attacks"]`` entry: ``mse``, ``psnr``, ``ssim``, ``lpips``
-    (``None`` when unavailable), ``label_accuracy`` (``None`` when the attack recovers no labels; compared
-    against the labels of the matched ground-truth images), ``psnr_ref_rmse`` (thesis variant), ``num_images``
-    (matched pairs), ``recovered`` (matched pairs at PSNR >= :data:`RECOVERED_PSNR`: ground-truth images
-    recovered exactly) and ``per_image``: the ``psnr``, ``ssim`` and ``lpips`` (``None`` when unavailable) of each
-    matched pair, in the order of the ground-truth images (what an interval over images resamples).
+    (``None`` when unavailable) and ``psnr_ref_rmse`` (thesis variant), each a mean over the ``num_images``
+    ground-truth images, misses included; ``label_accuracy`` (``None`` when the attack recovers no labels; the
+    labels of the matched pairs compared as multisets, over ``num_images``: a miss's label is not recovered);
+    ``num_images`` (ground-truth images attacked), ``reconstructed`` (those the attack returned an image for),
+    ``recovered`` (those at PSNR >= :data:`RECOVERED_PSNR`: recovered exactly), ``psnr_capped`` (those at the
+    :data:`PSNR_CAP` of an exact copy, counted at 100 dB in ``psnr``: the mean is then a lower bound) and
+    ``per_image``: the ``psnr``, ``ssim``, ``lpips`` (``None`` when unavailable) and ``reconstructed`` flag of each
+    ground-truth image, in the ground truth's order (what an interval over images resamples).
 
     Example:
         >>> images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
         >>> truth = GroundTruth(images, torch.tensor([3, 5]))
         >>> rec = Reconstruction(truth.inputs.flip(0), torch.tensor([5, 3]))
         >>> scores = score_reconstruction(rec, truth)
-        >>> scores["mse"], scores["label_accuracy"], scores["num_images"], scores["recovered"]
-        (0.0, 1.0, 2, 2)
+        >>> scores["mse"], scores["label_accuracy"], scores["num_images"], scores["recovered"], scores["psnr_capped"]
+        (0.0, 1.0, 2, 2, 2)
         >>> scores["per_image"]["psnr"]
         [100.0, 100.0]
+        >>> missed = score_reconstruction(Reconstruction(truth.inputs[1:], None), truth)
+        >>> missed["num_images"], missed["reconstructed"], missed["recovered"], missed["per_image"]["reconstructed"]
+        (2, 1, 1, [False, True])
+        >>> round(missed["psnr"], 1), round(missed["per_image"]["psnr"][0], 1)
+        (55.5, 10.9)
     """
     truth = ground_truth.inputs.detach().cpu()
     images = reconstruction.images.detach().cpu().to(truth.dtype).clamp(0, 1)
     rows, cols = match_reconstructions(images, truth)
-    order = cols.argsort()  # pairs in ground-truth order: the same per-image lists whatever the batch order
-    rows, cols = rows[order], cols[order]
-    preds, target = images[rows], truth[cols]
-    psnrs, ssims, lpipss = psnr(preds, target), ssim(preds, target), lpips(preds, target)
+    preds = torch.full_like(truth, MISSED_GUESS)  # a ground-truth image without a reconstruction: a mid-grey guess
+    preds[cols] = images[rows]
+    reconstructed = torch.zeros(len(truth), dtype=torch.bool)
+    reconstructed[cols] = True
+    psnrs, ssims, lpipss = psnr(preds, truth), ssim(preds, truth), lpips(preds, truth)
     label_accuracy = None
     if reconstruction.labels is not None:
+        labels, targets = reconstruction.labels.cpu()[rows], ground_truth.targets.cpu()[cols]
         classes = num_classes or int(max(reconstruction.labels.max(), ground_truth.targets.max())) + 1
-        label_accuracy = float(
-            label_recovery_accuracy(reconstruction.labels.cpu()[rows], ground_truth.targets.cpu()[cols], classes)
-        )
+        hits, _ = _label_recovery_update(labels, targets, classes)
+        label_accuracy = float(hits) / len(truth)
     return {
-        "mse": float(image_mse(preds, target).mean()),
+        "mse": float(image_mse(preds, truth).mean()),
         "psnr": float(psnrs.mean()),
         "ssim": float(ssims.mean()),
         "lpips": _mean_or_none(lpipss),
         "label_accuracy": label_accuracy,
-        "psnr_ref_rmse": float(psnr_ref_rmse(preds, target).mean()),
-        "num_images": len(rows),
+        "psnr_ref_rmse": float(psnr_ref_rmse(preds, truth).mean()),
+        "num_images": len(truth),
+        "reconstructed": len(rows),
         "recovered": int((psnrs >= RECOVERED_PSNR).sum()),
+        "psnr_capped": int((psnrs >= PSNR_CAP).sum()),
         "per_image": {
             "psnr": psnrs.tolist(),
             "ssim": ssims.tolist(),
             "lpips": None if lpipss is None else lpipss.tolist(),
+            "reconstructed": reconstructed.tolist(),
         },
     }

@@ -291,9 +291,10 @@ def run_attack(
 
     Returns:
         the ``summary.json["attacks"]`` entry: ``attack``, ``round``, ``client``, ``leak_point``, ``mse``,
-        ``psnr``, ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``recovered``,
-        ``image``, ``matched_sources``, ``attacked`` (where each attacked image came from: its file for an
-        ImageFolder), ``seconds``; with ``run.batches > 1``, ``summary.json["totals"]`` instead (see
+        ``psnr``, ``ssim``, ``lpips``, ``label_accuracy``, ``psnr_ref_rmse``, ``num_images``, ``reconstructed``,
+        ``recovered``, ``psnr_capped`` (:func:`~lightning_fl.attacks.metrics.score_reconstruction`), ``image``,
+        ``matched_sources``, ``attacked`` (where each attacked image came from: its file for an ImageFolder),
+        ``seconds``; with ``run.batches > 1``, ``summary.json["totals"]`` instead (see
         :func:`attack_totals`; the summary holds them whenever more than one image was attacked).
 
     Raises:
@@ -356,14 +357,18 @@ def run_attack(
 def attack_totals(
     entries: list[dict[str, object]], *, psnrs: list[float], ssims: list[float], success_ssim: float
 ) -> dict[str, object]:
-    """The scores of several attacked batches together: means over images with a 95 % bootstrap interval, and the
-    share of images recovered at ``success_ssim`` (the bar of Huang et al., 2021, who report SSIM per image).
+    """The scores of several attacked batches together: means over images with a 95 % bootstrap interval, the
+    share of images recovered at ``success_ssim`` (the bar of Huang et al., 2021, who report SSIM per image), and
+    the sums of the entries' counts: ``reconstructed``, ``recovered`` (PSNR >= 30 dB) and ``psnr_capped`` (see
+    :func:`~lightning_fl.attacks.metrics.score_reconstruction`; ``psnrs`` and ``ssims`` hold every attacked image,
+    a miss scored as one).
 
     Example:
-        >>> entry = {"attack": "ig", "leak_point": "local_gradient", "seconds": 2.0, "label_accuracy": 1.0}
+        >>> entry = {"attack": "ig", "leak_point": "local_gradient", "seconds": 2.0, "label_accuracy": 1.0,
+        ...          "reconstructed": 1, "recovered": 0, "psnr_capped": 0}
         >>> totals = attack_totals([entry, entry], psnrs=[20.0, 30.0], ssims=[0.4, 0.8], success_ssim=0.5)
-        >>> totals["num_images"], totals["share_recovered"], round(totals["ssim"], 3)
-        (2, 0.5, 0.6)
+        >>> totals["num_images"], totals["share_recovered"], round(totals["ssim"], 3), totals["reconstructed"]
+        (2, 0.5, 0.6, 2)
     """
     labels = [e["label_accuracy"] for e in entries if e.get("label_accuracy") is not None]
     psnr_mean, *psnr_interval = bootstrap_interval(psnrs)
@@ -379,6 +384,7 @@ def attack_totals(
         "ssim_interval": ssim_interval,
         "success_ssim": success_ssim,
         "share_recovered": sum(v >= success_ssim for v in ssims) / len(ssims),
+        **{key: sum(int(e[key]) for e in entries) for key in ("reconstructed", "recovered", "psnr_capped")},
         "label_accuracy": sum(labels) / len(labels) if labels else None,
         "seconds": sum(float(e["seconds"] or 0.0) for e in entries),
         "per_image_ssim": ssims,

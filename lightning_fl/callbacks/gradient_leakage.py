@@ -37,7 +37,9 @@ class GradientLeakage(FederatedCallback):
 
     What the ground truth is: at ``local_gradient`` the exact mini-batch; at ``client_update`` the examples the
     client's ``local_steps`` drew (its whole local training set when it trains whole epochs); at ``aggregate``
-    all participating clients' sets. Reconstructions are matched to distinct images of it.
+    the same for every participating client, together. Reconstructions are matched to distinct images of it, and
+    an image left without one is scored as a miss
+    (:func:`~lightning_fl.attacks.metrics.score_reconstruction`).
 
     A realistic FedAvg update (several epochs over ~140 samples) hides far more images than an optimisation
     attack can invert. ``max_images`` is the largest leaked batch (see

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lightning_fl.federation.failures import ClientFailure, log_failure
 from lightning_fl.federation.updates import check_update, drop_norm_outliers, encode_update
-from lightning_fl.messages import ClientUpdate
+from lightning_fl.messages import ClientUpdate, GroundTruth
 
 if TYPE_CHECKING:
     import lightning as L
@@ -73,11 +73,15 @@ class ClientStepResult:
         failures: client id to the reason it was dropped (failed, unsound update, norm outlier).
         offsets: client id to the offset a persistent broadcast added to what it received (see
             :class:`~lightning_fl.federation.updates.Downlink`); empty without one.
+        trained_on: client id to the examples its local steps drew (recorded when a callback listens at the
+            client-update or aggregate leak point, :class:`~lightning_fl.federation.client_store.ClientFit`), for the
+            kept updates; a client missing here trained on its whole training set.
     """
 
     updates: list[ClientUpdate]
     failures: dict[int, str] = field(default_factory=dict)
     offsets: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    trained_on: dict[int, GroundTruth] = field(default_factory=dict)
 
 
 def copy_update(update: ClientUpdate) -> ClientUpdate:
@@ -154,8 +158,9 @@ class ClientStep:
         """
         failures: dict[int, str] = {}
         offsets: dict[int, dict[str, Tensor]] = {}
+        drawn: dict[int, GroundTruth] = {}
         transforms = () if pool is not None and pool.encodes else self.client_transforms
-        trained = self._train(round_ctx, selected, federation, pool, transforms, failures, offsets)
+        trained = self._train(round_ctx, selected, federation, pool, transforms, failures, offsets, drawn)
         updates = drop_norm_outliers(
             trained,
             max_ratio=self.max_update_norm_ratio,
@@ -170,7 +175,12 @@ class ClientStep:
                 f"selected) but loop.min_clients={self.min_clients}; see the warnings above for why clients were "
                 "dropped."
             )
-        return ClientStepResult(updates, failures, {k: v for k, v in offsets.items() if k in kept})
+        return ClientStepResult(
+            updates,
+            failures,
+            {k: v for k, v in offsets.items() if k in kept},
+            {k: v for k, v in drawn.items() if k in kept},
+        )
 
     def _train(
         self,
@@ -181,8 +191,10 @@ class ClientStep:
         transforms: tuple[ClientTransform, ...],
         failures: dict[int, str],
         offsets: dict[int, dict[str, Tensor]],
+        drawn: dict[int, GroundTruth],
     ) -> list[ClientUpdate]:
-        """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool."""
+        """Train the selected clients here one after the other, at once (the vectorised clients), or in the pool;
+        ``failures``, ``offsets`` and ``drawn`` (the examples a fit drew) receive each client's."""
         round_idx = round_ctx.round_idx
         pool: ClientPool | VectorisedClients | None = given
         if pool is None and self.vectorised is not None:
@@ -198,7 +210,7 @@ class ClientStep:
                 ctx, received = self._start(round_ctx, k, federation, offsets)
                 callbacks = self.leaks.with_tap(self.client_callbacks, federation, round_idx=round_idx, client_id=k)
                 train = functools.partial(self.runner.fit, ctx, received, callbacks=callbacks)
-                updates.append(self._finish(ctx, received, train, federation, transforms, failures))
+                updates.append(self._finish(ctx, received, train, federation, transforms, failures, drawn))
             return [u for u in updates if u is not None]
         started = []
         for k in selected:
@@ -214,6 +226,7 @@ class ClientStep:
                 federation,
                 transforms,
                 failures,
+                drawn,
             )
             for ctx, received in started
         ]
@@ -242,6 +255,7 @@ class ClientStep:
         federation: FederationView,
         transforms: tuple[ClientTransform, ...],
         failures: dict[int, str],
+        drawn: dict[int, GroundTruth],
     ) -> ClientUpdate | None:
         client_id, round_idx = ctx.client_id, ctx.round_idx
         try:  # only the client's own work (training, client transforms) raises ClientFailure: see failures.py
@@ -269,4 +283,6 @@ class ClientStep:
             warnings.warn(f"round {round_idx}: update of client {client_id} is dropped: {reason}.", stacklevel=4)
             return None
         self.leaks.client_update(update, received, federation, trained_on=fit.trained_on)
+        if fit.trained_on is not None:
+            drawn[client_id] = fit.trained_on
         return update

@@ -55,8 +55,8 @@ class ClientRunner:
         spec: the run's shape (local epochs or steps, the master seed).
         trainer_options: options of each client's Trainer (see :func:`.trainers.trainer_options`).
         train_loss_key: the metric the model logs in ``training_step`` that is reported as the update's loss.
-        record_drawn: keep the examples a fit by local steps draws (a callback reads the type-1 leak point and
-            scores an attack against them).
+        record_drawn: keep the examples a fit by local steps draws (a callback reads the type-1 or type-0 leak
+            point and scores an attack against them).
 
     Attributes:
         store: every client's own state and the initial private state (:class:`ClientStore`, their one writer).

@@ -31,7 +31,8 @@ class ClientFit:
         private: the client's private tensors after the fit (``None``: kept on the client's own node, as Flower's
             ClientApps keep them).
         trained_on: the examples the fit drew when it trained by local steps and a callback listens at the
-            client-update leak point; ``None`` otherwise (the client's whole training set is then the ground truth).
+            client-update or aggregate leak point; ``None`` otherwise (the client's whole training set is then the
+            ground truth).
     """
 
     update: ClientUpdate

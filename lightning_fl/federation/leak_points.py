@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import lightning as L
@@ -230,11 +230,14 @@ class LeakPoints:
         *,
         global_state: dict[str, Tensor],
         readable: dict[str, Tensor],
+        trained_on: Mapping[int, GroundTruth] | None = None,
     ) -> None:
         """Type 0: what the server itself can read of the broadcast aggregate (all of it, or its plaintext part).
 
         ``readable`` is the delta after the server transforms (e.g. server-side DP noise): what anyone who sees
-        the new global model sees, not the aggregate before them.
+        the new global model sees, not the aggregate before them. The ground truth is, client by client in the
+        order of ``updates``, the examples its local steps drew (``trained_on``) when given, else its whole
+        training set (a fit of whole epochs trains on all of it): the images behind the aggregate.
         """
         listeners = self.listeners("on_aggregate_end", round_idx=updates[0].round_idx, client_id=None)
         if not listeners:
@@ -250,7 +253,8 @@ class LeakPoints:
             num_clients=len(updates),
             **{k: updates[0].metadata.get(k) for k in ("lr", "local_steps")},
         )
-        parts = [self.datamodule.ground_truth(u.client_id) for u in updates]
+        drawn, whole = trained_on or {}, self.datamodule.ground_truth
+        parts = [drawn[u.client_id] if u.client_id in drawn else whole(u.client_id) for u in updates]
         truth = GroundTruth(torch.cat([p.inputs for p in parts]), torch.cat([p.targets for p in parts]))
         for cb in listeners:
             cb.on_aggregate_end(federation, view, truth)

@@ -182,7 +182,8 @@ class FederatedLoop:
         threads = min(workers, os.cpu_count() or 1) if workers > 1 and backend == "processes" else None
         self.evaluator = Evaluator(options, every=eval_every, on=eval_on, metric=eval_metric, threads=threads)
         self.leaks = LeakPoints(self.callbacks, global_model=model, datamodule=datamodule, spec=self.spec)
-        drawn = bool(self.leaks.listeners("on_client_update"))  # an attack on an update is scored on what it drew
+        # an attack on an update or on the aggregate is scored on the examples the local steps drew
+        drawn = bool(self.leaks.listeners("on_client_update") or self.leaks.listeners("on_aggregate_end"))
         self.runner = ClientRunner(
             model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key, record_drawn=drawn
         )

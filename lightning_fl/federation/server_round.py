@@ -109,6 +109,7 @@ class ServerStep:
             federation,
             global_state=dict(global_state),
             readable={k: delta[k] for k in delta if k in readable},
+            trained_on=clients.trained_on,
         )
         new_state = {k: global_state[k] + v.to(global_state[k].dtype) for k, v in delta.items()}
         return ServerStepResult(new_state, dict(metrics), updates)

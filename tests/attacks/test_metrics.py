@@ -149,3 +149,20 @@ def test_bootstrap_interval_of_a_normal_mean_has_the_textbook_width_and_coverage
 def test_bootstrap_interval_refuses_what_it_cannot_resample(values, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         M.bootstrap_interval(values, **kwargs)
+
+
+@pytest.mark.parametrize("returned", [3, 0])
+def test_score_reconstruction_counts_a_missed_image_as_a_miss(returned: int) -> None:
+    """An attack that returns fewer images than it attacked (Robbing the Fed: one per non-empty bin) is scored over
+    every attacked image; a missed one is scored against the mid-grey guess, and exact copies are counted as capped."""
+    target = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    truth = GroundTruth(target, torch.zeros(4, dtype=torch.long))
+    scores = M.score_reconstruction(Reconstruction(target[:returned].flip(0), None), truth)
+    guess = M.psnr(torch.full_like(target[3:], M.MISSED_GUESS), target[3:])
+    assert scores["num_images"] == 4 and scores["reconstructed"] == returned
+    assert scores["recovered"] == scores["psnr_capped"] == returned
+    assert scores["per_image"]["reconstructed"] == [i < returned for i in range(4)]
+    assert len(scores["per_image"]["psnr"]) == len(scores["per_image"]["ssim"]) == 4
+    assert scores["per_image"]["psnr"][3] == pytest.approx(float(guess))
+    assert scores["psnr"] == pytest.approx(statistics.fmean(scores["per_image"]["psnr"]))
+    assert scores["psnr"] < 100.0 and scores["ssim"] < 1.0

@@ -178,3 +178,19 @@ def test_a_lower_gain_outshouts_noise_without_clipping(
     noisy = {k: v + 1e-2 * torch.randn(v.shape, generator=noise) for k, v in view.tensors.items()}
     recovered = _recovered(RobbingTheFedAttack().reconstruct(replace(view, tensors=noisy)).images, images)
     assert at_least <= recovered <= at_most
+
+
+def test_the_attack_command_scores_every_image_of_the_batch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """With 64 bins for a batch of 64 images some share a bin and are missed: summary.json's means and counts are
+    over all 64 images (a miss scored as the mid-grey guess), not over the images the attack returned."""
+    out = tmp_path / "rtf"
+    args = ["attack", "-c", str(CONFIGS / "robbing_the_fed_digits.yaml"), "--output_dir", str(out)]
+    assert main([*args, "--server_plugins.0.init_args.num_bins", "64"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (entry,), totals = summary["attacks"], summary["totals"]
+    assert entry["num_images"] == totals["num_images"] == len(entry["per_image"]["psnr"]) == 64
+    assert entry["recovered"] <= entry["reconstructed"] < 64
+    assert totals["reconstructed"] == entry["reconstructed"] and totals["psnr_capped"] == entry["psnr_capped"]
+    assert entry["per_image"]["reconstructed"].count(False) == 64 - entry["reconstructed"]
+    assert totals["share_recovered"] == pytest.approx(sum(v >= 0.5 for v in entry["per_image"]["ssim"]) / 64)
+    assert f"{entry['reconstructed']} of 64" in capsys.readouterr().out

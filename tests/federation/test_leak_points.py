@@ -100,3 +100,38 @@ def test_the_type_1_ground_truth_is_the_examples_the_local_steps_drew(tmp_path, 
         assert torch.equal(stacked.update_truths[client].inputs, drawn)
         assert torch.equal(workers.update_truths[client].inputs, drawn)
         assert torch.equal(workers.update_truths[client].targets, truth.targets)
+
+
+class _AggregateTruth(_Truths):
+    """Records the ground truth handed out at the type-0 leak point (the aggregate), and at type 1 when asked."""
+
+    def __init__(self, *, updates: bool) -> None:
+        super().__init__(local_gradient=False)
+        self.updates, self.aggregate_truths = updates, []
+
+    def listens_to(self, hook: str) -> bool:
+        return hook == "on_aggregate_end" or (self.updates and hook == "on_client_update")
+
+    def on_aggregate_end(self, loop, view, ground_truth) -> None:
+        self.aggregate_truths.append(ground_truth)
+
+
+@pytest.mark.parametrize(("vectorize", "updates"), [(False, True), (True, True), (False, False)])
+def test_the_type_0_ground_truth_is_the_examples_the_clients_local_steps_drew(tmp_path, vectorize, updates) -> None:
+    """The aggregate of clients that trained by local steps is scored against the images behind it (what each
+    client's steps drew, also when no callback listens at the clients' updates), not their whole training sets."""
+    from lightning_fl import FederatedDataModule, FederatedLoop
+    from tests.conftest import make_classifier
+
+    dm = FederatedDataModule("digits", num_clients=3, partition="iid", batch_size=2, image_size=16)
+    truths = _AggregateTruth(updates=updates)
+    FederatedLoop(
+        make_classifier(dm, optimizer="sgd", lr=0.1), dm, num_rounds=1, clients_per_round=3, local_steps=1,
+        eval_every=0, callbacks=[truths], output_dir=tmp_path, checkpoint=False, progress_bar=False,
+        vectorize=vectorize,
+    ).fit()  # fmt: skip
+    (truth,) = truths.aggregate_truths
+    assert len(truth.targets) == 3 * 2  # 3 clients x one step of 2 images
+    if updates:
+        drawn = torch.cat([t.inputs for t in truths.update_truths.values()])
+        assert sorted(map(tuple, truth.inputs.flatten(1).tolist())) == sorted(map(tuple, drawn.flatten(1).tolist()))
