@@ -219,6 +219,8 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
                 low, high = totals[f"{key}_interval"]
                 table.add_row(key, f"{totals[key]:.4g} (95% CI {low:.4g}-{high:.4g})")
             table.add_row(f"share at SSIM >= {totals['success_ssim']}", f"{totals['share_recovered']:.3g}")
+            table.add_row("... and above its own mean colour", f"{totals['share_beyond_colour']:.3g}")
+            table.add_row("SSIM of the own mean colours", f"{totals['own_colour_ssim']:.4g}")
             keys: tuple[str, ...] = ("label_accuracy", "seconds")
         else:
             keys = ("mse", "psnr", "ssim", "lpips", "label_accuracy", "psnr_ref_rmse", "seconds")

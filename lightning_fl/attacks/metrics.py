@@ -439,9 +439,11 @@ def score_reconstruction(
     labels of the matched pairs compared as multisets, over ``num_images``: a miss's label is not recovered);
     ``num_images`` (ground-truth images attacked), ``reconstructed`` (those the attack returned an image for),
     ``recovered`` (those at PSNR >= :data:`RECOVERED_PSNR`: recovered exactly), ``psnr_capped`` (those at the
-    :data:`PSNR_CAP` of an exact copy, counted at 100 dB in ``psnr``: the mean is then a lower bound) and
-    ``per_image``: the ``psnr``, ``ssim``, ``lpips`` (``None`` when unavailable) and ``reconstructed`` flag of each
-    ground-truth image, in the ground truth's order (what an interval over images resamples).
+    :data:`PSNR_CAP` of an exact copy, counted at 100 dB in ``psnr``: the mean is then a lower bound),
+    ``own_colour_ssim`` (the mean of :func:`own_colour_ssim`: what the colour alone scores) and ``beyond_colour``
+    (images whose SSIM beats their own colour's) and ``per_image``: the ``psnr``, ``ssim``, ``lpips`` (``None`` when
+    unavailable), ``own_colour_ssim`` and ``reconstructed`` flag of each ground-truth image, in the ground truth's
+    order (what an interval over images resamples).
 
     Example:
         >>> images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -466,6 +468,7 @@ def score_reconstruction(
     reconstructed = torch.zeros(len(truth), dtype=torch.bool)
     reconstructed[cols] = True
     psnrs, ssims, lpipss = psnr(preds, truth), ssim(preds, truth), lpips(preds, truth)
+    colours = own_colour_ssim(truth)
     label_accuracy = None
     if reconstruction.labels is not None:
         labels, targets = reconstruction.labels.cpu()[rows], ground_truth.targets.cpu()[cols]
@@ -483,10 +486,13 @@ def score_reconstruction(
         "reconstructed": len(rows),
         "recovered": int((psnrs >= RECOVERED_PSNR).sum()),
         "psnr_capped": int((psnrs >= PSNR_CAP).sum()),
+        "own_colour_ssim": float(colours.mean()),
+        "beyond_colour": int((ssims > colours).sum()),
         "per_image": {
             "psnr": psnrs.tolist(),
             "ssim": ssims.tolist(),
             "lpips": None if lpipss is None else lpipss.tolist(),
+            "own_colour_ssim": colours.tolist(),
             "reconstructed": reconstructed.tolist(),
         },
     }

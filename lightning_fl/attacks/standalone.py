@@ -308,7 +308,7 @@ def run_attack(
     per_batch = run.batch_size * run.local_steps
     output_dir = Path(output_dir)
     name = getattr(attack, "name", type(attack).__name__)
-    entries, ssims, psnrs = [], [], []
+    entries, ssims, psnrs, colours = [], [], [], []
     for batch in range(run.batches):
         chosen = drawn[batch * per_batch : (batch + 1) * per_batch]
         images, labels, sources = _batch(client_set, chosen)
@@ -334,6 +334,7 @@ def run_attack(
         )
         psnrs += report["per_image"]["psnr"]
         ssims += report["per_image"]["ssim"]
+        colours += report["per_image"]["own_colour_ssim"]
         entries.append(
             {
                 "attack": name,
@@ -348,27 +349,38 @@ def run_attack(
     summary: dict[str, object] = {"attacks": entries}
     entry = entries[0]
     if len(ssims) > 1:  # one batch of several images has its interval too; the call returns them for several batches
-        summary["totals"] = attack_totals(entries, psnrs=psnrs, ssims=ssims, success_ssim=run.success_ssim)
+        summary["totals"] = attack_totals(
+            entries, psnrs=psnrs, ssims=ssims, own_colour=colours, success_ssim=run.success_ssim
+        )
         entry = summary["totals"] if run.batches > 1 else entry
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return entry
 
 
 def attack_totals(
-    entries: list[dict[str, object]], *, psnrs: list[float], ssims: list[float], success_ssim: float
+    entries: list[dict[str, object]],
+    *,
+    psnrs: list[float],
+    ssims: list[float],
+    own_colour: list[float],
+    success_ssim: float,
 ) -> dict[str, object]:
     """The scores of several attacked batches together: means over images with a 95 % bootstrap interval, the
-    share of images recovered at ``success_ssim`` (the bar of Huang et al., 2021, who report SSIM per image), and
-    the sums of the entries' counts: ``reconstructed``, ``recovered`` (PSNR >= 30 dB) and ``psnr_capped`` (see
+    share of images recovered at ``success_ssim`` (the bar of Huang et al., 2021, who report SSIM per image), the
+    share that also beats the SSIM of its own mean colour (``own_colour``, per image: a flat image of the right
+    colour reaches 0.5 on smooth photos; :func:`~lightning_fl.attacks.metrics.own_colour_ssim`), and the sums of the
+    entries' counts: ``reconstructed``, ``recovered`` (PSNR >= 30 dB) and ``psnr_capped`` (see
     :func:`~lightning_fl.attacks.metrics.score_reconstruction`; ``psnrs`` and ``ssims`` hold every attacked image,
     a miss scored as one).
 
     Example:
         >>> entry = {"attack": "ig", "leak_point": "local_gradient", "seconds": 2.0, "label_accuracy": 1.0,
         ...          "reconstructed": 1, "recovered": 0, "psnr_capped": 0}
-        >>> totals = attack_totals([entry, entry], psnrs=[20.0, 30.0], ssims=[0.4, 0.8], success_ssim=0.5)
-        >>> totals["num_images"], totals["share_recovered"], round(totals["ssim"], 3), totals["reconstructed"]
-        (2, 0.5, 0.6, 2)
+        >>> totals = attack_totals(
+        ...     [entry, entry], psnrs=[20.0, 30.0], ssims=[0.4, 0.8], own_colour=[0.2, 0.9], success_ssim=0.5
+        ... )
+        >>> totals["num_images"], totals["share_recovered"], totals["share_beyond_colour"], round(totals["ssim"], 3)
+        (2, 0.5, 0.0, 0.6)
     """
     labels = [e["label_accuracy"] for e in entries if e.get("label_accuracy") is not None]
     psnr_mean, *psnr_interval = bootstrap_interval(psnrs)
@@ -384,9 +396,13 @@ def attack_totals(
         "ssim_interval": ssim_interval,
         "success_ssim": success_ssim,
         "share_recovered": sum(v >= success_ssim for v in ssims) / len(ssims),
+        "own_colour_ssim": sum(own_colour) / len(own_colour),
+        "share_beyond_colour": sum(v >= success_ssim and v > c for v, c in zip(ssims, own_colour, strict=True))
+        / len(ssims),
         **{key: sum(int(e[key]) for e in entries) for key in ("reconstructed", "recovered", "psnr_capped")},
         "label_accuracy": sum(labels) / len(labels) if labels else None,
         "seconds": sum(float(e["seconds"] or 0.0) for e in entries),
         "per_image_ssim": ssims,
         "per_image_psnr": psnrs,
+        "per_image_own_colour_ssim": own_colour,
     }

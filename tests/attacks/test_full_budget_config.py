@@ -38,6 +38,8 @@ def test_the_full_config_attacks_a_users_model_on_a_users_folder(tmp_path: Path,
     totals = summary["totals"]
     assert totals["num_images"] == 3 and totals["batches"] == 3 and totals["success_ssim"] == 0.5
     assert totals["label_accuracy"] == 1.0  # labels from the bias gradient: exact for one image
+    assert len(totals["per_image_own_colour_ssim"]) == 3  # the colour-only reference of each attacked image
+    assert 0.0 <= totals["share_beyond_colour"] <= totals["share_recovered"]
     assert len({name for entry in summary["attacks"] for name in entry["attacked"]}) == 3
 
 
