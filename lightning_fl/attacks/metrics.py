@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pickle
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "bootstrap_interval",
     "fdlpp_privacy_score",
     "image_mse",
+    "image_successes",
     "label_recovery_accuracy",
     "label_set_accuracy",
     "lpips",
@@ -496,3 +497,18 @@ def score_reconstruction(
             "reconstructed": reconstructed.tolist(),
         },
     }
+
+
+def image_successes(images: Mapping[str, Sequence[float]], bar: float) -> list[float]:
+    """1.0 for each attacked image whose SSIM reaches ``bar`` and beats the SSIM of a flat image of its own mean
+    colour (``images["own_colour_ssim"]``, where the cell holds it for every image: on smooth photos the colour
+    alone reaches the bar), else 0.0.
+
+    Example:
+        >>> image_successes({"ssim": [0.8, 0.6, 0.3], "own_colour_ssim": [0.9, 0.2, 0.1]}, 0.5)
+        [0.0, 1.0, 0.0]
+    """
+    ssims, colours = images.get("ssim") or [], images.get("own_colour_ssim") or []
+    if len(colours) != len(ssims):  # a cell stored before the colour reference: the bar alone
+        colours = [-1.0] * len(ssims)
+    return [float(v >= bar and v > c) for v, c in zip(ssims, colours, strict=True)]

@@ -12,6 +12,7 @@ import copy
 import fnmatch
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from lightning_fl.attacks.base import GradientAttack
-from lightning_fl.attacks.metrics import bootstrap_interval
+from lightning_fl.attacks.metrics import bootstrap_interval, image_successes
 from lightning_fl.attacks.report import attack_report
 from lightning_fl.datamodules.datasets import ImageTensorDataset
 from lightning_fl.datamodules.federated import FederatedDataModule
@@ -397,8 +398,9 @@ def attack_totals(
         "success_ssim": success_ssim,
         "share_recovered": sum(v >= success_ssim for v in ssims) / len(ssims),
         "own_colour_ssim": sum(own_colour) / len(own_colour),
-        "share_beyond_colour": sum(v >= success_ssim and v > c for v, c in zip(ssims, own_colour, strict=True))
-        / len(ssims),
+        "share_beyond_colour": statistics.fmean(
+            image_successes({"ssim": ssims, "own_colour_ssim": own_colour}, success_ssim)
+        ),
         **{key: sum(int(e[key]) for e in entries) for key in ("reconstructed", "recovered", "psnr_capped")},
         "label_accuracy": sum(labels) / len(labels) if labels else None,
         "seconds": sum(float(e["seconds"] or 0.0) for e in entries),

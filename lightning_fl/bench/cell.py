@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lightning_fl.attacks.metrics import image_successes
 from lightning_fl.bench.experiment import build_loop, fit_loop, recorded_warnings
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 
 METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
 """Attack scores averaged over a cell's attacked events, besides ``exact`` and ``success_rate``."""
-IMAGE_METRICS = ("psnr", "ssim", "lpips")
+IMAGE_METRICS = ("psnr", "ssim", "lpips", "own_colour_ssim")
 """Scores kept per attacked image (``images``), what the report's intervals resample."""
 
 
@@ -55,14 +56,15 @@ def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: 
 
     ``images`` holds each attacked image's PSNR, SSIM and LPIPS, ``by_round`` its PSNR and SSIM per attacked round
     (leakage over training); ``success_rate`` is the share of attacked images whose reconstruction reaches SSIM ≥
-    ``success_ssim``.
+    ``success_ssim`` and beats its own mean colour
+    (:func:`~lightning_fl.attacks.metrics.image_successes`).
     """
     attacks = [a for a in entries if a.get("readable", True)]
     unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
     images = {m: _per_image(attacks, m) for m in IMAGE_METRICS}
     result: dict[str, Any] = {
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
-        "success_rate": _mean([float(v >= spec["success_ssim"]) for v in images["ssim"]]),
+        "success_rate": _mean(image_successes(images, spec["success_ssim"])),
         "exact": _mean([min(1.0, a["recovered"] / a["leaked_images"]) for a in attacks if a.get("leaked_images")]),
         "images": images,
         "by_round": {

@@ -98,14 +98,16 @@ def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
 def _units(runs: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
     """The row's values of ``metric`` per attacked image, all seeds together (a cell stored without per-image
     scores gives its mean once; one with nothing readable, its success rate of 0). ``success_rate`` per image: 1
-    where its SSIM reaches the cell's success bar."""
+    where its SSIM reaches the cell's success bar and beats its own mean colour (``image_successes``)."""
     values: list[float | None] = []
     for r in runs:
         images = r.get("images")
         if not images or not images.get("ssim"):
             values.append(r.get(metric))
         elif metric == "success_rate":
-            values += [float(v >= r["success_ssim"]) for v in images["ssim"]]
+            from lightning_fl.attacks.metrics import image_successes
+
+            values += image_successes(images, r["success_ssim"])
         else:
             values += images.get(metric) or []
     return [float(v) for v in values if v is not None and math.isfinite(v)]
