@@ -117,7 +117,7 @@ def test_attacks_and_server_repeat_no_six_lines_of_the_same_shape() -> None:
     assert sorted(runs(sources).values()) == []
 
 
-COPIED = """
+ORIGINAL = """
 def one(model, data):
     loss = model(data.x)
     loss.backward()
@@ -126,19 +126,18 @@ def one(model, data):
     if total > 3:
         return total
     return 0.0
-
-
-def two(net, batch):
-    cost = net(batch.inputs)
-    cost.backward()
-    summed = cost.item() * 5
-    print("two", summed)
-    if summed > 1:
-        return summed
-    return 1.0
 """
+
+RENAMED = {"one": "two", "model": "net", "data": "batch", "loss": "cost", "total": "summed", "2": "5", "3": "1"}
+
+
+def _renamed(source: str) -> str:
+    for old, new in RENAMED.items():
+        source = source.replace(old, new)
+    return source
 
 
 def test_the_check_finds_a_copy_with_other_names() -> None:
-    found = runs({"copied.py": COPIED})
-    assert sorted(found.values())[0] == ["copied.py:2-9", "copied.py:12-19"]
+    copied = ORIGINAL + "\n" + _renamed(ORIGINAL)
+    assert "def two(net, batch)" in copied
+    assert sorted(runs({"copied.py": copied}).values())[0] == ["copied.py:2-9", "copied.py:12-19"]
