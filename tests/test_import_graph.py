@@ -270,7 +270,7 @@ def test_a_malicious_server_is_a_server_plug_in_not_a_defence() -> None:
 
 
 def test_loop_py_is_an_assembler_of_at_most_250_lines() -> None:
-    """Every line counts, docstrings too: the settings' meaning lives in ``loop_settings.py``, which ``--help`` reads."""
+    """Every line counts, docstrings too: the settings' meaning lives in ``loop_settings.py`` (``--help`` reads it)."""
     assert len((PACKAGE / "federation" / "loop.py").read_text().splitlines()) <= 250
 
 
