@@ -30,8 +30,11 @@ class AssignedDocstrings(griffe.Extension):
             assigned = cls.members.get("__doc__")
             if cls.docstring is not None or not isinstance(assigned, griffe.Attribute) or assigned.value is None:
                 continue
-            target = pkg.modules_collection.get_member(getattr(assigned.value, "canonical_path", str(assigned.value)))
-            text = ast.literal_eval(str(target.value))
+            try:  # a name bound to a string literal; anything else keeps the class undocumented, as before
+                target = pkg.modules_collection.get_member(assigned.value.canonical_path)
+                text = ast.literal_eval(str(target.value))
+            except (AttributeError, KeyError, ValueError, SyntaxError):
+                continue
             cls.docstring = griffe.Docstring(inspect.cleandoc(text), parent=cls)
 
 
