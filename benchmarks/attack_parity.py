@@ -190,12 +190,12 @@ def resnet_victim(num_classes: int, seed: int, epochs: int) -> nn.Module:
     net = resnet18(in_channels=3, num_classes=num_classes).to(DEVICE)
     if epochs:
         data = load_dataset("photos", train=True, image_size=32)
-        data.images, data.labels = data.images.to(DEVICE), data.labels.to(DEVICE)
+        images, labels = data.images.to(DEVICE), data.labels.to(DEVICE)
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
         for _ in range(epochs):
-            for batch in torch.randperm(len(data)).split(16):
+            for batch in torch.randperm(len(images)).split(16):
                 optimizer.zero_grad()
-                F.cross_entropy(net(data.images[batch]), data.labels[batch] % num_classes).backward()
+                F.cross_entropy(net(images[batch]), labels[batch] % num_classes).backward()
                 optimizer.step()
     return net.cpu().eval()
 

@@ -4,12 +4,13 @@ Same data (digits, 10 clients, Dirichlet 0.5), same sigmoid LeNet, same selected
 3 local epochs, batch 32, global test evaluation every round: ``configs/quickstart.yaml`` with ``--rounds``, the
 FederatedLoop built from it by ``lightning_fl.bench.build_loop`` (as ``lightning-fl fit`` builds it) outside the timed
 region; runs write to a fresh temporary folder. Prints the CPU time of each (this process, one thread: robust to
-other load on the machine), the wall time, the ratios, and where the extra time of the Lightning loop goes (Trainer
-construction, fit, evaluation, writing and plotting at the end) and which inner fit the clients ran (plain clients:
-Lightning Fabric; ``--inner-fit trainer`` forces a Trainer per client fit, as every client fit ran before the Fabric
-path). Each repeat also runs the loop with vectorised clients (``vectorize=True``: the round's clients trained at
+other load on the machine), the wall time, the ratios, and where the time of the Lightning loop goes (the clients'
+fits, evaluation, writing and plotting at the end) and which inner fit the clients ran (plain clients: Lightning
+Fabric; ``--inner-fit trainer`` sets a ``loop.trainer`` option that sends every fit and evaluation through a
+Trainer). Each repeat also runs the loop with vectorised clients (``vectorize=True``: the round's clients trained at
 once), interleaved with the other two, and prints the time of the rounds alone (start-up and the plots at the end
-excluded) of both FederatedLoop runs.
+excluded) of both FederatedLoop runs. The loop is timed at its FL callback hooks (``_timing.RoundTimer``), never by
+patching it.
 
     .venv/bin/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 [--inner-fit trainer] [--device cuda]
 """
@@ -25,27 +26,29 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _timing import RoundTimer
 
 from lightning_fl import FederatedDataModule, ImageClassifier
 from lightning_fl.bench import build_loop, fit_config_spec
-from lightning_fl.federation import client_runner, derive_seed
+from lightning_fl.contexts import RoundContext
+from lightning_fl.federation import derive_seed
 from lightning_fl.federation.client_runner import seed_all as _seed_all
-from lightning_fl.federation.round import Round
 
 BACKBONE = "lenet_dlg"
 DEVICE = "cpu"
 
 
-def spec(rounds: int, *, vectorize: bool = False) -> dict:
-    """The quickstart's federation (``configs/quickstart.yaml``) with this run's rounds, backbone and device."""
+def spec(rounds: int, *, vectorize: bool = False, inner_fit: str = "auto") -> dict:
+    """The quickstart's federation (``configs/quickstart.yaml``) with this run's rounds, backbone and device;
+    ``inner_fit="trainer"`` sets a ``loop.trainer`` option beyond the quiet defaults (``benchmark: false``, cuDNN's
+    autotuner, which a CPU run never uses), which sends every client fit and evaluation through a ``Trainer``."""
     quickstart = fit_config_spec("configs/quickstart.yaml")
     model = {**quickstart["model"], "init_args": {**quickstart["model"]["init_args"], "backbone": BACKBONE}}
-    loop = {
-        **quickstart["loop"],
-        "num_rounds": rounds,
-        "vectorize": vectorize,
-        "trainer": {"accelerator": "gpu" if DEVICE == "cuda" else "cpu"},
+    trainer = {
+        "accelerator": "gpu" if DEVICE == "cuda" else "cpu",
+        **({"benchmark": False} if inner_fit == "trainer" else {}),
     }
+    loop = {**quickstart["loop"], "num_rounds": rounds, "vectorize": vectorize, "trainer": trainer}
     return {**quickstart, "model": model, "loop": loop}
 
 
@@ -58,47 +61,26 @@ def build(dm: FederatedDataModule) -> ImageClassifier:
 def run_lightning(
     rounds: int, out: str, inner_fit: str = "auto", *, vectorize: bool = False
 ) -> tuple[tuple[float, float], float, dict[str, float]]:
-    loop = build_loop(spec(rounds, vectorize=vectorize), out)
-    loop.runner.inner_fit = inner_fit
-    loop.evaluator.lean = inner_fit != "trainer"
-    print(f"inner fit: {loop.runner.inner_fit_for()}")
-    parts = {"trainer_init": 0.0, "fit": 0.0, "evaluate": 0.0, "finalize": 0.0, "rounds": 0.0, "rounds_wall": 0.0}
-    make, fit_client, evaluate = client_runner.build_trainer, loop.runner.fit, loop._evaluate
-
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                parts[name] += time.process_time() - start
-
-        return wrapper
-
-    client_runner.build_trainer, loop.runner.fit, loop._evaluate = (
-        timed("trainer_init", make),
-        timed("fit", fit_client),
-        timed("evaluate", evaluate),
+    """One FederatedLoop run, timed at its FL callback hooks (:class:`RoundTimer`); the evaluation's share is the
+    time of one more ``loop.evaluate()`` after the fit, once per evaluated round."""
+    timer = RoundTimer(synchronize=DEVICE == "cuda")
+    loop = build_loop(
+        spec(rounds, vectorize=vectorize, inner_fit="auto" if vectorize else inner_fit), out, callbacks=[timer]
     )
-    loop.recorder.finalize = timed("finalize", loop.recorder.finalize)
-    original_round = Round.run
-    run_round = timed("rounds", original_round)
-
-    def run_round_wall(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return run_round(*args, **kwargs)
-        finally:
-            parts["rounds_wall"] += time.perf_counter() - start
-
-    Round.run = run_round_wall
+    print(f"inner fit: {loop.runner.inner_fit_for()}")
     start = time.perf_counter(), time.process_time()
-    try:
-        summary = loop.fit()
-    finally:
-        client_runner.build_trainer, Round.run = make, original_round
+    summary = loop.fit()
     total = time.process_time() - start[1], time.perf_counter() - start[0]
-    parts["fit"] -= parts["trainer_init"]
+    evaluate = time.process_time()
+    loop.evaluate()
+    evaluated = sum("test_accuracy" in entry for entry in loop.history)
+    parts = {
+        "fit": timer.total("clients")[0],
+        "evaluate": (time.process_time() - evaluate) * evaluated,
+        "finalize": start[1] + total[0] - timer.fit_end[0],
+        "rounds": timer.total("rounds")[0],
+        "rounds_wall": timer.total("rounds")[1],
+    }
     return total, summary["test_accuracy"], parts
 
 
@@ -148,7 +130,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backbone", default="lenet_dlg", help="a backbone name, e.g. resnet20 for heavier steps")
-    parser.add_argument("--inner-fit", default="auto", choices=["auto", "trainer"], help="trainer: the pre-#12 loop")
+    parser.add_argument(
+        "--inner-fit", default="auto", choices=["auto", "trainer"], help="trainer: every client fit on a Trainer"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: every loop on the GPU")
     args = parser.parse_args()
     global BACKBONE, DEVICE
@@ -156,10 +140,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="loop_overhead_") as out:
         probe = build_loop(spec(args.rounds), f"{out}/probe")
-        schedule = []
-        for r in range(args.rounds):
-            probe.round_idx = r
-            schedule.append(probe.selector.select(probe.round_context()))
+        state = probe.global_public_state()
+        schedule = [probe.selector.select(RoundContext(probe.spec, r, state)) for r in range(args.rounds)]
         dm = probe.datamodule
         ours, vectorised, plain, parts_all, parts_vectorised = [], [], [], [], []
         for i in range(args.repeats):
@@ -182,9 +164,12 @@ def main() -> None:
     for key, kind in (("rounds", "CPU"), ("rounds_wall", "wall")):
         o = statistics.median(pp[key] for pp in parts_all)
         v = statistics.median(pp[key] for pp in parts_vectorised)
-        print(f"rounds only, {kind}: FederatedLoop {o:.2f} s, vectorised clients {v:.2f} s, ratio {v / o:.2f}")
-    print("FederatedLoop CPU time by part:")
-    for name in ("trainer_init", "fit", "evaluate", "finalize"):
+        print(
+            f"rounds (on_round_start to on_round_end, evaluation included), {kind}: FederatedLoop {o:.2f} s, "
+            f"vectorised clients {v:.2f} s, ratio {v / o:.2f}"
+        )
+    print("FederatedLoop CPU time by part (fit: the clients' span of each round, Trainer construction included):")
+    for name in ("fit", "evaluate", "finalize"):
         print(f"  {name}: {statistics.median(pp[name] for pp in parts_all) / fits * 1e3:.1f} ms per client fit")
     print(f"load average at the end: {os.getloadavg()}")
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from lightning_fl import scratch_loop
+from lightning_fl import ClientUpdate, FederatedCallback, scratch_loop
 from lightning_fl.defences.secure_aggregation.paillier import (
     PackingSpec,
     decrypt_tensors,
@@ -38,8 +38,19 @@ from lightning_fl.defences.secure_aggregation.paillier import (
 T = TypeVar("T")
 
 
+class UpdateRecorder(FederatedCallback):
+    """Keeps the update of each client fit (the copy ``on_client_fit_end`` receives)."""
+
+    def __init__(self) -> None:
+        self.updates: list[ClientUpdate] = []
+
+    def on_client_fit_end(self, federation: Any, update: ClientUpdate) -> None:
+        self.updates.append(update)
+
+
 def client_updates(num_clients: int) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
-    """Real LeNet updates of ``num_clients`` digits clients (3 local epochs each) and their sample counts."""
+    """Real LeNet updates of ``num_clients`` digits clients (3 local epochs each, one round in which every client
+    trains) and their sample counts, as the loop hands them to its FL callbacks."""
     spec = {
         "seed": 0,
         "data": {"dataset": "digits", "num_clients": num_clients, "partition": "dirichlet", "alpha": 0.5},
@@ -47,11 +58,12 @@ def client_updates(num_clients: int) -> tuple[list[dict[str, torch.Tensor]], lis
             "class_path": "lightning_fl.models.ImageClassifier",
             "init_args": {"backbone": "lenet_dlg", "lr": 2e-3},
         },
-        "loop": {"local_epochs": 3},
+        "loop": {"local_epochs": 3, "num_rounds": 1, "clients_per_round": num_clients, "eval_every": 0},
     }
-    with scratch_loop(spec) as loop:
-        loop.prepare()
-        updates = loop.client_step.run(loop.round_context(), list(range(num_clients)), loop.view).updates
+    recorder = UpdateRecorder()
+    with scratch_loop(spec, callbacks=[recorder]) as loop:
+        loop.fit()
+    updates = sorted(recorder.updates, key=lambda u: u.client_id)
     return [u.delta for u in updates], [u.num_samples for u in updates]
 
 

@@ -4,9 +4,9 @@ Section ``workers``: a cross-device workload, ResNet-20 on ``digits`` (32x32), 1
 (Dirichlet 0.5), 10 a round, 2 local epochs of Adam, batch 32, global test evaluation every round; the same
 seed for every worker count. Prints per setting the whole-run wall time, the CPU time of this process plus its
 (joined) worker processes, the final accuracy, whether the history equals ``workers=1`` exactly, and the
-load average before the run, because wall time on a shared machine depends on it; and where the time goes: the
-loop process's phases (evaluation, server round, packing jobs and waiting for the pool, unpacking results) and,
-per round, each worker's busy time against the round's span (imbalance of the greedy schedule).
+load average before the run, because wall time on a shared machine depends on it; and where the time goes, timed at
+the loop's FL callback hooks (``_timing.RoundTimer``, never by patching the loop): the rounds, the clients' span
+(sending jobs, the pool's work, collecting results), the server's part and, of it, the evaluation.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaling.py workers --workers 1 2 --rounds 3 [--ray]
 
@@ -37,73 +37,16 @@ import tempfile
 import time
 
 import torch
+from _timing import RoundTimer
 
 from lightning_fl.bench import build_loop
-from lightning_fl.federation import workers as workers_module
+from lightning_fl.contexts import RoundContext
+from lightning_fl.server import ClientSelector
 
 
 def _cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def time_calls(
-    owner: object, name: str, phases: dict[str, list[float]], key: str | None = None, *, synchronize: bool = False
-) -> None:
-    """Wrap ``owner.name`` so that each call adds its (CPU s, wall s) of this process to ``phases[key or name]``
-    (after ``torch.cuda.synchronize()`` with ``synchronize``: the GPU's queued work counts)."""
-    fn, key = getattr(owner, name), key or name
-
-    def timed(*args, **kwargs):
-        cpu, wall = time.process_time(), time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if synchronize:
-                torch.cuda.synchronize()
-            total = phases.setdefault(key, [0.0, 0.0])
-            total[0] += time.process_time() - cpu
-            total[1] += time.perf_counter() - wall
-
-    setattr(owner, name, timed)
-
-
-def _timed_jobs(log_dir: str) -> None:
-    """Make every worker process append ``pid round client cpu_s wall_start wall_end`` per client fit to a file."""
-    fit_job = workers_module.fit_job
-
-    def timed_fit_job(runner, task):
-        cpu, start = time.process_time(), time.time()
-        try:
-            return fit_job(runner, task)
-        finally:
-            with open(f"{log_dir}/jobs_{os.getpid()}.txt", "a") as f:
-                end = time.time()
-                f.write(f"{os.getpid()} {task.round_idx} {task.client_id} {time.process_time() - cpu} {start} {end}\n")
-
-    workers_module.fit_job = timed_fit_job
-
-
-def _job_report(log_dir: str) -> str:
-    """Per round: each worker's busy wall time, the round's span from first start to last end, and the balance."""
-    rows = []
-    for name in os.listdir(log_dir):
-        with open(f"{log_dir}/{name}") as f:
-            rows += [line.split() for line in f]
-    if not rows:
-        return ""
-    lines = []
-    for r in sorted({int(row[1]) for row in rows}):
-        mine = [row for row in rows if int(row[1]) == r]
-        busy: dict[str, float] = {}
-        for pid, _, _, _, start, end in mine:
-            busy[pid] = busy.get(pid, 0.0) + float(end) - float(start)
-        span = max(float(row[5]) for row in mine) - min(float(row[4]) for row in mine)
-        lines.append(
-            f"    round {r}: {len(mine)} fits, worker busy s {sorted(round(b, 2) for b in busy.values())}, "
-            f"span {span:.2f} s, fit CPU s {sum(float(row[3]) for row in mine):.2f}"
-        )
-    return "\n".join(lines)
 
 
 def federation_spec(
@@ -127,42 +70,28 @@ def run_workers(
     per_round: int,
     backbone: str,
     backend: str = "processes",
-    eval_threads: int | None = None,
 ) -> dict:
+    """One run with ``workers`` worker processes, timed at the loop's FL callback hooks (``_timing.RoundTimer``): the
+    rounds, the clients' span (sending the jobs, the pool's work, collecting the results), the server's part
+    (aggregation, commit, evaluation) and the evaluation alone (one more ``loop.evaluate()`` after the fit, once per
+    evaluated round), in this process's CPU time and wall time."""
     options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 2, "workers": workers}
+    timer = RoundTimer()
     with tempfile.TemporaryDirectory() as out:
-        loop = build_loop(federation_spec(clients=clients, backbone=backbone, **options, backend=backend), out)
-        if eval_threads is not None and workers > 1:  # default: the loop's (as many threads as workers)
-            loop.evaluator.threads = eval_threads
-        phases: dict[str, list[float]] = {}
-        originals = [(workers_module, n, getattr(workers_module, n)) for n in ("job", "collect", "fit_job")]
-        originals.append((workers_module.WorkerPool, "run", workers_module.WorkerPool.run))
-        time_calls(loop, "_evaluate", phases, "evaluate")  # what the round loop calls after a round
-        time_calls(loop.server_step, "run", phases, "server round")
-        time_calls(loop.runner, "fit", phases, "client fits here")
-        for name in ("job", "collect"):  # packing jobs, unpacking results (loop process)
-            time_calls(workers_module, name, phases, f"workers.{name}")
-        time_calls(workers_module.WorkerPool, "run", phases, "pool.run (pack + wait)")
-        job_logs = os.path.join(out, "jobs")
-        os.makedirs(job_logs)
-        _timed_jobs(job_logs)
+        spec = federation_spec(clients=clients, backbone=backbone, **options, backend=backend)
+        loop = build_loop(spec, out, callbacks=[timer])
         load = os.getloadavg()[0]
         wall, cpu, own = time.perf_counter(), _cpu_seconds(), time.process_time()
-        try:
-            summary = loop.fit()
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
+        summary = loop.fit()
         wall, cpu, own = time.perf_counter() - wall, _cpu_seconds() - cpu, time.process_time() - own
-        report = _job_report(job_logs)
-    print(
-        f"workers={workers} ({backend}, evaluation threads {loop.evaluator.threads or 1}): wall {wall:.2f} s, "
-        f"CPU all processes {cpu:.2f} s, loop process {own:.2f} s"
-    )
-    for name, (c, w) in phases.items():
+        evaluated = sum("test_accuracy" in entry for entry in loop.history)
+        before = timer.now()
+        loop.evaluate()
+        evaluation = [(now - then) * evaluated for now, then in zip(timer.now(), before, strict=True)]
+    print(f"workers={workers} ({backend}): wall {wall:.2f} s, CPU all processes {cpu:.2f} s, loop process {own:.2f} s")
+    phases = {name: timer.total(name) for name in ("rounds", "clients", "server")}
+    for name, (c, w) in {**phases, "evaluation (of the server's part)": evaluation}.items():
         print(f"    {name}: CPU {c:.2f} s, wall {w:.2f} s")
-    if report:
-        print(report)
     return {
         "workers": f"{workers} ({backend})",
         "wall": wall,
@@ -173,17 +102,26 @@ def run_workers(
     }
 
 
+class EveryClientOnce(ClientSelector):
+    """Round r trains clients ``r * per_round`` to ``(r + 1) * per_round - 1``: every client once over the run."""
+
+    def __init__(self, per_round: int) -> None:
+        self.per_round = per_round
+
+    def select(self, ctx: RoundContext) -> list[int]:
+        first = ctx.round_idx * self.per_round
+        return list(range(first, min(ctx.spec.num_clients, first + self.per_round)))
+
+
 def run_memory(*, clients: int, per_round: int, backbone: str) -> None:
     """Peak resident memory of a run in which every one of ``clients`` clients trains once with key-lock secrets."""
     from lightning_fl.defences import KeyLocks
 
     options = {"num_rounds": -(-clients // per_round), "clients_per_round": per_round, "local_steps": 1}
     spec = federation_spec(clients=clients, partition="iid", backbone=backbone, **options, eval_every=0)
+    spec["loop"]["selector"] = EveryClientOnce(per_round)
     with tempfile.TemporaryDirectory() as out:
         loop = build_loop({**spec, "defences": [KeyLocks()]}, out)
-        loop.selector.select = lambda ctx: list(  # every client once
-            range(ctx.round_idx * per_round, min(clients, (ctx.round_idx + 1) * per_round))
-        )
         wall = time.perf_counter()
         loop.fit()
         wall = time.perf_counter() - wall
@@ -279,12 +217,6 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--backbone", default="resnet20")
     parser.add_argument("--ray", action="store_true", help="also run the largest worker count on Ray actors")
-    parser.add_argument(
-        "--eval-threads",
-        type=int,
-        default=None,
-        help="evaluation threads with workers > 1 (default: the loop's, = workers)",
-    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.section == "flower":
@@ -313,7 +245,6 @@ def main() -> None:
             clients=args.clients,
             per_round=args.per_round,
             backbone=args.backbone,
-            eval_threads=args.eval_threads,
         )
         for w in args.workers
     ]

@@ -5,8 +5,10 @@ LeNet, or ``--backbone``) with ``--clients`` clients, ``--per-round`` a round, b
 ``lightning_fl.bench.build_loop`` (``scaling.federation_spec``); ``--fed-cdp`` adds the ``FedCDP`` defence
 (per-example DP-SGD in every client, the paper's sigma 6 and C 4, Poisson batches). Each repeat builds both loops from
 the same seed and fits them one after the other, the order alternating between repeats (interleaved A/B on a shared
-machine); ``--seeds`` runs that for each seed. The figures are the time inside ``run_round`` (start-up excluded) and
-inside the client step alone: this process's CPU time (the one to read on a shared CPU) and the wall time (the one to
+machine); ``--seeds`` runs that for each seed. The figures are the time of the rounds (start-up excluded; from
+``on_round_start`` to ``on_round_end``, the evaluation included) and of the clients' training alone (from the first
+``on_client_fit_start`` to the last ``on_client_fit_end``), timed at the loop's FL callback hooks
+(``_timing.RoundTimer``): this process's CPU time (the one to read on a shared CPU) and the wall time (the one to
 read on a GPU), with the ratios vectorised / sequential; then the final accuracies, the largest difference of any
 round's train loss and test accuracy, and (``--fed-cdp``) the final epsilon of both, which must be equal.
 ``--profile`` instead runs the vectorised rounds once under cProfile and prints the top entries; ``--layers`` times the
@@ -30,11 +32,10 @@ import tempfile
 import time
 
 import torch
-from scaling import federation_spec, time_calls
+from _timing import RoundTimer
+from scaling import federation_spec
 
 from lightning_fl.bench import build_loop
-from lightning_fl.federation.client_round import ClientStep
-from lightning_fl.federation.round import Round
 from lightning_fl.federation.vectorised_layers import StackedConv2d
 from lightning_fl.models.lenet import LeNetDLG
 
@@ -50,24 +51,18 @@ def _fit(
     backbone: str,
     fed_cdp: bool,
 ) -> tuple[dict[str, list[float]], list]:
-    """The (CPU s, wall s) of the loop's rounds and of its client steps, and its history."""
+    """The (CPU s, wall s) of the rounds and of the clients' training (:class:`RoundTimer` spans), and the history."""
     options = {"num_rounds": rounds, "clients_per_round": per_round, "local_epochs": 3, "vectorize": vectorize}
     spec = federation_spec(
         clients=clients, backbone=backbone, seed=seed, **options, trainer={"accelerator": accelerator}
     )
     if fed_cdp:
         spec["defences"] = [{"class_path": "lightning_fl.defences.FedCDP"}]
+    timer = RoundTimer(synchronize=torch.cuda.is_available())
     with tempfile.TemporaryDirectory() as out:
-        loop = build_loop(spec, out)
-        phases: dict[str, list[float]] = {}
-        run, run_round = ClientStep.run, Round.run  # the loop builds them when it fits: time the classes' methods
-        time_calls(Round, "run", phases, "rounds", synchronize=torch.cuda.is_available())
-        time_calls(ClientStep, "run", phases, "clients", synchronize=torch.cuda.is_available())
-        try:
-            loop.fit()
-        finally:
-            ClientStep.run, Round.run = run, run_round
-        return phases, loop.history
+        loop = build_loop(spec, out, callbacks=[timer])
+        loop.fit()
+        return {name: list(timer.total(name)) for name in ("rounds", "clients")}, loop.history
 
 
 def _body_times(clients: int, batch: int = 32, repeats: int = 5, calls: int = 10) -> dict[str, float]:
@@ -136,7 +131,7 @@ def main() -> None:
         return
     print(
         "| seed | repeat | order | rounds CPU s seq / vec | ratio | rounds wall s seq / vec | ratio "
-        "| client step CPU s seq / vec | ratio | final accuracy seq / vec | max abs diff train loss / accuracy "
+        "| clients CPU s seq / vec | ratio | final accuracy seq / vec | max abs diff train loss / accuracy "
         "| final epsilon seq / vec | load |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -20,7 +20,7 @@ sends :class:`flwr.app.Message` objects through a ``Grid`` to ``ClientApp`` inst
   it trains (the design of :mod:`lightning_fl.federation.workers`).
 
 Because the loop, its selector and its seeds are the same, a Flower run gives the history of ``FederatedLoop``
-for the same seed (``tests/federation/test_flower.py``). Not supported (refused before training): client
+for the same seed. Not supported (refused before training): client
 transforms that decode the aggregate (Paillier: the decryption would need another round trip to a client),
 ``eval_on="clients"`` (the server holds no client's private layers), client Trainer callbacks, a local-gradient
 (type-2) listener, ``workers``/``backend``/DDP settings. Needs the ``flower`` extra

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
-__all__ = ["ClientStates", "FederationView", "LedgerReading", "Registered", "RoundReport", "RunRecords", "StateStore"]
+__all__ = [
+    "ClientStates",
+    "FederationView",
+    "LedgerReading",
+    "Registered",
+    "RoundReport",
+    "RunPlugins",
+    "RunRecords",
+    "StateStore",
+]
 
 
 class RunRecords(Protocol):
@@ -45,6 +54,16 @@ class StateStore(Protocol):
     def __len__(self) -> int: ...
 
     def set_extra(self, client_id: int, key: str, value: Any) -> None: ...
+
+
+class RunPlugins(Protocol):
+    """What a view reads of a run's plug-ins (:class:`~lightning_fl.federation.composition.Plugins`)."""
+
+    callbacks: Sequence[Any]
+    client_callbacks: Sequence[L.Callback]
+
+    @property
+    def components(self) -> Sequence[Any]: ...
 
 
 @dataclass
@@ -171,37 +190,34 @@ class FederationView:
     round's :class:`RoundReport`.
 
     Args:
+        spec: the run's shape (its ``num_rounds``: rounds T of the run).
+        output_dir: the run directory.
         round_idx: the round (between rounds, the next one to run).
         report: where the round's reports go (``None``: outside a round, reports are not kept).
-        spec: the run's shape.
-        num_rounds: rounds T of the run.
-        output_dir: the run directory.
         global_model: the global model (read through copies).
         recorder: the run's history and loggers (reports go there).
         clients: the clients' own states (client-side storage).
-        callbacks: the FL callbacks; client_callbacks: the Lightning callbacks of each client's Trainer.
-        ledgers: the privacy-spending parts (callbacks, transforms, aggregator) in checkpoint order.
+        plugins: the run's plug-ins: its FL callbacks, the Lightning callbacks of each client's Trainer, and the
+            privacy-spending parts among the callbacks and the stateful server-side parts (:meth:`ledgers`).
     """
 
     def __init__(
         self,
+        spec: FederationSpec,
+        output_dir: Path,
         *,
         round_idx: int = 0,
         report: RoundReport | None = None,
-        spec: FederationSpec,
-        num_rounds: int,
-        output_dir: Path,
         global_model: L.LightningModule,
         recorder: RunRecords,
         clients: StateStore,
-        callbacks: Sequence[Any],
-        client_callbacks: Sequence[L.Callback],
-        ledgers: Sequence[Any],
+        plugins: RunPlugins,
     ) -> None:
         self._round_idx, self._report = round_idx, report if report is not None else RoundReport()
-        self._spec, self._num_rounds, self._output_dir = spec, num_rounds, Path(output_dir)
+        self._spec, self._output_dir = spec, Path(output_dir)
         self._global_model, self._recorder, self._clients = global_model, recorder, clients
-        self._callbacks, self._client_callbacks = Registered(callbacks), Registered(client_callbacks)
+        self._callbacks, self._client_callbacks = Registered(plugins.callbacks), Registered(plugins.client_callbacks)
+        ledgers = [*plugins.callbacks, *plugins.components]
         self._ledgers = tuple(LedgerReading(p) for p in ledgers if isinstance(p, PrivacyLedger))
 
     def at(self, round_idx: int, report: RoundReport | None = None) -> FederationView:
@@ -216,7 +232,7 @@ class FederationView:
 
     @property
     def num_rounds(self) -> int:
-        return self._num_rounds
+        return self._spec.num_rounds
 
     @property
     def spec(self) -> FederationSpec:

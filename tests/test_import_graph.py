@@ -1,6 +1,6 @@
 """The package's import graph has no circle (between modules, and between packages counting what ``__init__`` files
 import), plug-ins never import the federation, no part of the federation but ``loop.py`` receives the loop or builds
-the run's collaborators, ``loop.py`` is an assembler of at most 250 lines of code, and no object writes into a step
+the run's collaborators, ``loop.py`` is an assembler of at most 250 lines, and no object writes into a step
 object or another collaborator of the loop (a mailbox).
 
 Every ``import`` counts, also those under ``TYPE_CHECKING`` and inside functions: a circle of type-only imports is
@@ -269,23 +269,22 @@ def test_a_malicious_server_is_a_server_plug_in_not_a_defence() -> None:
     assert issubclass(MaliciousImprint, ServerPlugin) and not issubclass(MaliciousImprint, Defence)
 
 
-def _code_lines(source: str) -> int:
-    """Lines of ``source`` that are code: not blank, not a comment, not part of a docstring."""
-    docstrings: set[int] = set()
-    for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            value = body[0].value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                docstrings |= set(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
-    lines = enumerate(source.splitlines(), start=1)
-    return sum(1 for i, line in lines if line.strip() and not line.strip().startswith("#") and i not in docstrings)
+def test_loop_py_is_an_assembler_of_at_most_250_lines() -> None:
+    """Every line counts, docstrings too: the settings' meaning lives in ``loop_settings.py`` (``--help`` reads it)."""
+    assert len((PACKAGE / "federation" / "loop.py").read_text().splitlines()) <= 250
 
 
-def test_loop_py_is_an_assembler_of_at_most_250_lines_of_code() -> None:
-    """Docstrings do not count: the class docstring is the schema of the loop's 30-odd settings (``--help``)."""
-    assert _code_lines('"""Doc."""\n\n# note\nx = 1\n') == 1  # the count can fail
-    assert _code_lines((PACKAGE / "federation" / "loop.py").read_text()) <= 250
+def test_every_loop_setting_has_its_own_line_where_help_reads_it() -> None:
+    """Each setting of ``FederatedLoop`` has a description in the docstring that ``lightning-fl fit --help`` parses
+    (``FederatedLoop.__doc__``, from ``loop_settings.py``): two settings packed on one line show one of them."""
+    import inspect
+
+    import docstring_parser
+
+    from lightning_fl.federation.loop import FederatedLoop
+
+    described = {p.arg_name for p in docstring_parser.parse(FederatedLoop.__doc__ or "").params if p.description}
+    assert set(inspect.signature(FederatedLoop).parameters) - described == set()
 
 
 def _loop_handles(tree: ast.AST) -> set[str]:

@@ -39,8 +39,7 @@ def available_cores() -> int:
 def threads_per_job(jobs: int, cores: int | None = None) -> int:
     """Torch threads for each of ``jobs`` processes sharing ``cores``: an equal share, at least one.
 
-    Two jobs each running torch's default (one thread per core) fight for the same cores: on 2 cores a quick
-    bench ran ~8x slower than with one thread per job.
+    Two jobs each running torch's default (one thread per core) would fight for the same cores (docs/bench.md).
 
     Example:
         >>> threads_per_job(2, cores=2), threads_per_job(3, cores=16), threads_per_job(4, cores=2)

@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import signal
 import stat
@@ -49,6 +50,8 @@ __all__ = [
     "fingerprint_changes",
     "held_signals",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMAT = 3
 """Version of what a run directory stores: the manifest's layout, its fingerprint's keys and the server file's
@@ -417,6 +420,7 @@ class Checkpoint:
         for k in manifest["clients"]:
             store.restore(self.load_client(int(k), manifest))
         self._kept = {"initial_private": manifest["initial_private"], "clients": dict(manifest["clients"])}
+        log.info("resumed after round %d", state["round_idx"] - 1)
         return int(state["round_idx"])
 
 

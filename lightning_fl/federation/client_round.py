@@ -27,12 +27,11 @@ from lightning_fl.federation.updates import check_update, drop_norm_outliers, en
 from lightning_fl.messages import ClientUpdate, GroundTruth
 
 if TYPE_CHECKING:
-    import lightning as L
-
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.client_runner import ClientRunner
     from lightning_fl.federation.client_store import ClientFit
+    from lightning_fl.federation.composition import Plugins
     from lightning_fl.federation.leak_points import LeakPoints
     from lightning_fl.federation.updates import Downlink
     from lightning_fl.federation.vectorised_clients import VectorisedClients
@@ -109,15 +108,15 @@ class ClientStep:
 
     Args:
         runner: trains a client in this process and builds each client's context.
+        plugins: the run's plug-ins; this step uses the client-side chain each update passes before it is sent
+            (clip, noise, encrypt), the Lightning callbacks added to each client's Trainer and the FL callbacks,
+            called with the round's view at the start and end of each client fit.
+        downlink: what each client receives (the broadcast transforms).
+        leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
         vectorised: trains a round's clients in this process at once, when :meth:`run` gets no ``pool`` and the model
             and the round's Trainer callbacks qualify (``None``, or a round that does not qualify: one after the
             other), see :class:`~lightning_fl.federation.vectorised_clients.VectorisedClients`.
-        downlink: what each client receives (the broadcast transforms).
-        leaks: the leak points (the type-2 tap of a local fit, the type-1 report of each kept update).
-        client_transforms: the client-side chain each update passes before it is sent (clip, noise, encrypt).
-        client_callbacks: Lightning callbacks added to each client's Trainer.
-        callbacks: the FL callbacks, called with the round's view at the start and end of each client fit.
-        max_update_norm_ratio, max_update_norm: the update-norm bounds (``inf``: off), see
+        norm_bounds: the update-norm bounds ``(max_update_norm_ratio, max_update_norm)`` (``inf``: off), see
             :func:`~lightning_fl.federation.updates.drop_norm_outliers`.
         min_clients: the fewest valid updates a round may keep.
     """
@@ -125,21 +124,18 @@ class ClientStep:
     def __init__(
         self,
         runner: ClientRunner,
-        *,
-        vectorised: VectorisedClients | None = None,
+        plugins: Plugins,
         downlink: Downlink,
         leaks: LeakPoints,
-        client_transforms: Sequence[ClientTransform],
-        client_callbacks: Sequence[L.Callback],
-        callbacks: Sequence[FederatedCallback],
-        max_update_norm_ratio: float,
-        max_update_norm: float,
+        vectorised: VectorisedClients | None = None,
+        *,
+        norm_bounds: tuple[float, float],
         min_clients: int,
     ) -> None:
         self.runner, self.vectorised, self.downlink, self.leaks = runner, vectorised, downlink, leaks
-        self.client_transforms = tuple(client_transforms)
-        self.client_callbacks, self.callbacks = tuple(client_callbacks), tuple(callbacks)
-        self.max_update_norm_ratio, self.max_update_norm = max_update_norm_ratio, max_update_norm
+        self.client_transforms = tuple(plugins.client_transforms)
+        self.client_callbacks, self.callbacks = tuple(plugins.client_callbacks), tuple(plugins.callbacks)
+        self.max_update_norm_ratio, self.max_update_norm = norm_bounds
         self.min_clients = min_clients
 
     def run(

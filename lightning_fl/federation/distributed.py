@@ -85,6 +85,18 @@ def ranks_requested(options: dict[str, Any]) -> int:
     return count
 
 
+def client_options(options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """``(ranks, client options)``: how many processes ``options`` (``loop.trainer``) ask for, and the client
+    Trainers' options in each (:func:`single_device_options` under DDP, else ``options``).
+
+    Example:
+        >>> client_options({"accelerator": "cpu", "strategy": "ddp", "devices": 2})
+        (2, {'accelerator': 'cpu', 'devices': 1})
+    """
+    ranks = ranks_requested(options)
+    return ranks, single_device_options(options) if ranks > 1 else options
+
+
 def single_device_options(options: dict[str, Any], *, local_rank: int | None = None) -> dict[str, Any]:
     """The client Trainers' options on one rank: the same, on one device of this rank, without a strategy.
 
@@ -107,8 +119,9 @@ def single_device_options(options: dict[str, Any], *, local_rank: int | None = N
     return single
 
 
-def launch(options: dict[str, Any]) -> Ranks:
+def launch(options: dict[str, Any], runner: ClientRunner) -> Ranks:
     """Launch the ranks (Lightning re-runs the script once per rank) and connect them; returns this rank's view.
+    Each rank on an accelerator trains its clients (``runner``) on its own device.
 
     Lightning Fabric starts the processes and the default process group only long enough to agree on a free port
     for a key-value store (``torch.distributed.TCPStore``); the group is then destroyed, so that the client
@@ -139,6 +152,8 @@ def launch(options: dict[str, Any]) -> Ranks:
     store = dist.TCPStore(host, box[0], world, is_master=rank == 0, timeout=timedelta(days=1))
     dist.barrier()
     dist.destroy_process_group()
+    if fabric.device.type != "cpu":
+        runner.use_devices([fabric.local_rank])
     return Ranks(rank, world, fabric.local_rank, fabric.device.type, store)
 
 

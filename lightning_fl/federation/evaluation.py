@@ -193,13 +193,16 @@ class Evaluator:
             results, self.metric, owner=type(model).__name__, hook=eval_hook(model), field="loop.eval_metric"
         )
 
-    def check_metric(self, model: L.LightningModule, loader: Iterable[Any]) -> None:
-        """Test ``model`` on one batch of ``loader``, so a ``metric`` the model never logs fails before training.
+    def check_metric(self, model: L.LightningModule, datamodule: FederatedDataModule) -> None:
+        """Test ``model`` on one batch of the test set, so a ``metric`` the model never logs fails before training
+        (nothing without a test set or with evaluation off).
 
         Raises:
             KeyError: naming ``loop.eval_metric`` and what was logged.
         """
-        results = self._results(model, loader, one_batch=True)
+        if not (self.every and datamodule.has_test_set):
+            return
+        results = self._results(model, datamodule.test_dataloader(), one_batch=True)
         logged_metric(results, self.metric, owner=type(model).__name__, hook=eval_hook(model), field="loop.eval_metric")
 
     def _results(self, model: L.LightningModule, loader: Iterable[Any], *, one_batch: bool = False) -> dict[str, Any]:

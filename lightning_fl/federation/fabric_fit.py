@@ -1,13 +1,12 @@
 """The lean inner fit: a plain client's local training on Lightning Fabric instead of a ``Trainer``.
 
-A LeNet client fit is ~13 optimiser steps of ~3 ms arithmetic each; the ``Trainer`` adds ~1 ms of hook dispatch per
-step plus ~4 ms of construction per fit (docs/performance.md), which made the loop 1.44x a bare PyTorch loop. Fabric
-(Lightning's own "LightningModule without the Trainer" API) runs the same user code with none of that: one
-:class:`FabricFit` per runner, built once, calls the module's ``configure_optimizers``, ``on_train_epoch_start``,
-``training_step`` and ``on_train_epoch_end`` in the ``Trainer``'s order, steps the optimiser through the same
-closure (``training_step``, ``optimizer.zero_grad()``, ``backward``) and reduces what the module logs with
-``self.log`` as the ``Trainer`` would. For the same seed the result is the ``Trainer``'s to the bit
-(``tests/federation/test_fabric_fit.py``).
+Why: a small client fit is a few milliseconds of arithmetic, and the ``Trainer``'s construction and per-step hook
+dispatch are a large share of it (docs/performance.md, "Loop overhead"). Fabric (Lightning's own "LightningModule
+without the Trainer" API) runs the same user code without them: one :class:`FabricFit` per runner, built once, calls
+the module's ``configure_optimizers``, ``on_train_epoch_start``, ``training_step`` and ``on_train_epoch_end`` in the
+``Trainer``'s order, steps the optimiser through the same closure (``training_step``, ``optimizer.zero_grad()``,
+``backward``) and reduces what the module logs with ``self.log`` as the ``Trainer`` would, so that for the same seed
+the result is the ``Trainer``'s to the bit.
 
 Only *plain* clients take this path (:func:`options_need_trainer` and :func:`model_needs_trainer` say why a client
 does not): no client callbacks (Opacus' ``PerExampleDP``, the gradient tap), automatic optimisation with one

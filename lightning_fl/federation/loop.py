@@ -1,17 +1,8 @@
-"""FederatedLoop: the assembler of a federated run, where every client is trained by a Lightning Trainer.
-
-The loop builds the run's collaborators once and hands them to the round loop; it holds no per-round logic.
-:class:`Round` runs one round on values (select, :class:`ClientStep`, :class:`ServerStep`) and returns a
-``RoundResult``; :class:`RoundLoop` commits each result. Plug-ins are merged by :func:`compose`, set up by
-:func:`set_up_plugins` and receive narrow contexts (:mod:`lightning_fl.contexts`); FL callbacks receive a read-only
-:class:`FederationView`. Every random stream is seeded from ``(seed, round_idx, purpose)``, so a resumed run continues
-exactly as the uninterrupted one. See docs/architecture.md.
-"""
+"""FederatedLoop builds a run's collaborators and hands them to the round loop; it holds no per-round logic."""
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,10 +21,11 @@ from lightning_fl.federation.client_round import ClientPool, ClientStep
 from lightning_fl.federation.client_runner import ClientRunner
 from lightning_fl.federation.client_store import ClientStore
 from lightning_fl.federation.composition import compose
-from lightning_fl.federation.distributed import launch, ranks_requested, serve, single_device_options
+from lightning_fl.federation.distributed import client_options, launch, serve
 from lightning_fl.federation.evaluation import ClientEvaluation, Evaluator, evaluate_state
 from lightning_fl.federation.fingerprint import federation_fingerprint
 from lightning_fl.federation.leak_points import LeakPoints
+from lightning_fl.federation.loop_settings import FEDERATED_LOOP_DOC
 from lightning_fl.federation.model_contract import check_model
 from lightning_fl.federation.plugin_setup import client_setup_context, set_up_plugins, setup_context
 from lightning_fl.federation.pools import open_pool
@@ -55,59 +47,9 @@ from lightning_fl.view import FederationView
 
 __all__ = ["FederatedLoop"]
 
-log = logging.getLogger(__name__)
-
 
 class FederatedLoop:
-    """Run federated training where every client is an ordinary Lightning Trainer.
-
-    Args:
-        model: the global model; any ``LightningModule`` (see :mod:`lightning_fl.federation.model_contract`);
-            modules marked private (:mod:`lightning_fl.private`) stay on the clients.
-        datamodule: the federated data.
-        num_rounds: number of communication rounds T.
-        clients_per_round: clients per round: an int K, or a fraction C in (0, 1] of the clients.
-        local_epochs: local epochs E per client fit; local_steps: optimiser steps instead of epochs.
-        defences: defence bundles; each adds its model layers (applied to ``model`` now), client callbacks,
-            transforms, aggregator or selector to the stages below (see :class:`~lightning_fl.defences.Defence`).
-        server_plugins: what a malicious server changes of the model it ships and of what it broadcasts, applied
-            before the defences (see :class:`~lightning_fl.transforms.ServerPlugin`).
-        selector: client selection strategy (uniform by default).
-        aggregator: aggregation rule (sample-weighted FedAvg by default).
-        client_transforms: client-side chain applied to each update before it is sent (clip, noise, encrypt).
-        server_transforms: server-side chain applied to the aggregate delta (server noise, fine-tuning).
-        broadcast_transforms: server-side chain applied to the global state sent to each client.
-        callbacks: federated callbacks (attacks, budget, logging).
-        client_callbacks: Lightning callbacks added to every client's Trainer.
-        trainer: options for each client's ``lightning.Trainer`` (``accelerator``, ``devices``, ``strategy``,
-            ``precision``, ...); logging, checkpointing and the per-client progress bar are off unless given.
-        loggers: Lightning loggers stepped by round (a CSV logger is always added); wandb_project and
-            wandb_mode (``offline`` by default) add Weights & Biases.
-        eval_every: evaluate every this many rounds (and always after the last); 0 disables.
-        eval_on: ``global`` evaluates the global model; ``clients`` averages the accuracy of each trained
-            client's own model (global public state + its private layers), as personalised defences need.
-        eval_metric: the name the model logs in ``test_step`` (reported as ``test_accuracy``); train_loss_key:
-            the one it logs in ``training_step`` (reported as ``train_loss``).
-        min_clients: a round fails with an error when fewer valid updates than this remain.
-        max_update_norm_ratio: drop a plaintext update whose L2 norm (after the client transforms) exceeds this
-            multiple of the round's median update norm; ``None`` disables (docs/architecture.md).
-        max_update_norm: drop any update whose L2 norm exceeds this absolute bound (checked on the client, before
-            encryption, for an encrypted update); ``None`` disables.
-        output_dir: run directory for ``summary.json``, checkpoints, logs and attack images.
-        checkpoint: write a checkpoint after every round (needed for ``resume``).
-        seed: master seed; every random stream derives from it.
-        progress_bar: show a rich progress bar over rounds.
-        workers: train each round's clients in this many local worker processes (CPU), each reusing one model;
-            the history equals ``workers=1`` for the same seed (:mod:`lightning_fl.federation.workers`).
-        backend: where ``workers`` run: local ``processes``, or ``ray`` actors (needs the ``ray`` extra).
-        vectorize: ``True`` trains each round's plain clients at once, parameters stacked
-            (:mod:`lightning_fl.federation.vectorised_contract` says which models qualify); ``"auto"`` where the
-            model qualifies and it pays; ``False`` one by one. Equal to the sequential history to float tolerance.
-
-    Raises:
-        ValueError: on inconsistent settings (named in the message), before any training.
-        TypeError: on a model that cannot be a client model (the message says what to add).
-    """
+    __doc__ = FEDERATED_LOOP_DOC  # each setting's meaning (loop_settings.py), which `lightning-fl fit --help` shows
 
     def __init__(
         self,
@@ -148,10 +90,9 @@ class FederatedLoop:
     ) -> None:
         check_model(model)  # every setting is checked before the defences change the model
         check_output_dir(output_dir)  # '' would write the run into the current directory
-        self.max_update_norm_ratio, self.max_update_norm = norm_bounds(max_update_norm_ratio, max_update_norm)
+        self.max_update_norm_ratio, self.max_update_norm = bounds = norm_bounds(max_update_norm_ratio, max_update_norm)
         self.process_options = options = trainer_options(trainer)
-        self.ranks = ranks_requested(options)
-        options = single_device_options(options) if self.ranks > 1 else options
+        self.ranks, options = client_options(options)
         check_federated_data(datamodule)
         datamodule.setup()  # load and partition now, so data errors surface before any training
         shape = dict(clients_per_round=clients_per_round, num_rounds=num_rounds, local_epochs=local_epochs)
@@ -171,9 +112,7 @@ class FederatedLoop:
         check_private_state_stays_local(model, trainer, self.client_callbacks)  # for Python users too, not only the CLI
         self.min_clients, self.output_dir, self.progress_bar = min_clients, Path(output_dir), progress_bar
         self.checkpoint, self.lock = Checkpoint(self.output_dir, enabled=checkpoint), RunLock(self.output_dir)
-        self.recorder = RunRecorder(
-            self.output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode
-        )
+        self.recorder = RunRecorder(output_dir, loggers=loggers, wandb_project=wandb_project, wandb_mode=wandb_mode)
         check_workers(
             workers, trainer_options=options, client_callbacks=self.client_callbacks, backend=backend, ranks=self.ranks
         )
@@ -188,7 +127,7 @@ class FederatedLoop:
             model, datamodule, self.spec, trainer_options=options, train_loss_key=train_loss_key, record_drawn=drawn
         )
         parallel = workers > 1 or backend == "ray" or self.ranks > 1
-        self.vectorised = VectorisedClients(self.runner, vectorize, parallel=parallel)
+        self.vectorised = vectorised = VectorisedClients(self.runner, vectorize, parallel=parallel)
         store, context = self.runner.store, self.runner.context  # the clients' side, which evaluation asks
         self.client_evaluation = ClientEvaluation(
             model, datamodule, store, options, client_transforms=self.client_transforms, context=context
@@ -198,36 +137,12 @@ class FederatedLoop:
         )
         self.round_idx = 0  # the next round to run
         self.view = FederationView(  # what FL callbacks receive
-            spec=self.spec,
-            num_rounds=num_rounds,
-            output_dir=self.output_dir,
-            global_model=model,
-            recorder=self.recorder,
-            clients=self.runner.store,
-            callbacks=self.callbacks,
-            client_callbacks=self.client_callbacks,
-            ledgers=[*self.callbacks, *plugins.components],
+            self.spec, self.output_dir, global_model=model, recorder=self.recorder, clients=store, plugins=plugins
         )
         self.downlink = Downlink(self.broadcast_transforms)
-        self.server_step = ServerStep(
-            aggregator=self.aggregator,
-            selector=self.selector,
-            client_transforms=self.client_transforms,
-            server_transforms=self.server_transforms,
-            leaks=self.leaks,
-            client_context=self.runner.context,
-        )
+        self.server_step = ServerStep(plugins, leaks=self.leaks, client_context=self.runner.context)
         self.client_step = ClientStep(
-            self.runner,
-            vectorised=self.vectorised,
-            downlink=self.downlink,
-            leaks=self.leaks,
-            client_transforms=self.client_transforms,
-            client_callbacks=self.client_callbacks,
-            callbacks=self.callbacks,
-            max_update_norm_ratio=self.max_update_norm_ratio,
-            max_update_norm=self.max_update_norm,
-            min_clients=min_clients,
+            self.runner, plugins, self.downlink, self.leaks, vectorised, norm_bounds=bounds, min_clients=min_clients
         )
         fingerprint = functools.partial(
             federation_fingerprint,
@@ -238,28 +153,15 @@ class FederatedLoop:
             vectorize=self.vectorised.mode,
             **plugins.by_stage(),
             trainer=self.process_options,
-            norm_bounds=(self.max_update_norm_ratio, self.max_update_norm),
+            norm_bounds=bounds,
             eval_on=self.evaluator.on,
         )
         self.parts = RunParts(model, plugins.components, self.callbacks, self.recorder, self.runner.store, fingerprint)
         one_round = Round(
-            spec=self.spec,
-            selector=self.selector,
-            client_step=self.client_step,
-            server_step=self.server_step,
-            callbacks=self.callbacks,
-            federation=self.view,
+            self.spec, plugins, client_step=self.client_step, server_step=self.server_step, federation=self.view
         )
         self.rounds = RoundLoop(
-            round=one_round,
-            parts=self.parts,
-            checkpoint=self.checkpoint if checkpoint else None,
-            evaluator=self.evaluator,
-            evaluate=self._evaluate,
-            callbacks=self.callbacks,
-            federation=self.view,
-            num_rounds=num_rounds,
-            progress_bar=progress_bar,
+            one_round, self.parts, self.checkpoint, self.evaluator, self._evaluate, progress_bar=progress_bar
         )
         self._prepared: bool | None = None  # the ``resume`` flag prepare() ran with
 
@@ -302,11 +204,9 @@ class FederatedLoop:
         return client_setup_context(spec=self.spec, datamodule=self.datamodule, clients=self.runner.store)
 
     def prepare(self, *, resume: bool = False, pool: ClientPool | None = None) -> None:
-        """Check and set up everything a run needs, writing nothing; :meth:`fit` calls it when it was not called.
-
-        Restores the last committed round (``resume``), sets the plug-ins up (:func:`set_up_plugins`; not their
-        client side for a ``pool`` whose clients set themselves up) and tests the global model on one batch, so a
-        wrong ``eval_metric`` fails here.
+        """Check and set up everything a run needs, writing nothing (:meth:`fit` calls it when it was not called):
+        restore the last committed round (``resume``), set the plug-ins up (not their client side for a ``pool``
+        whose clients set themselves up) and test the global model on one batch, so a wrong ``eval_metric`` fails.
 
         Raises:
             ValueError: on a setting a component rejects, or a checkpoint that does not belong to this federation.
@@ -320,40 +220,30 @@ class FederatedLoop:
         self.lock.check()
         self.checkpoint.fingerprint(self.parts)  # of the plug-ins as built, before their setup changes them
         restored = self.checkpoint.restore_run(self.parts) if resume else None
-        if restored is not None:
-            self.round_idx = restored
-            log.info("resumed after round %d", self.round_idx - 1)
-        remote = pool is not None and pool.encodes  # a remote pool's clients set up their own transforms
-        client_setup = None if remote else self.client_setup_context()
+        self.round_idx = self.round_idx if restored is None else restored
+        client_setup = None if pool is not None and pool.encodes else self.client_setup_context()
         set_up_plugins(self.plugins.components, setup=self.setup_context(), client_setup=client_setup)
         for callback in self.callbacks:  # their checks that need the set-up run, before anything is written
             callback.check_fit(self.view.at(self.round_idx))
-        if self.evaluator.every and self.datamodule.has_test_set:
-            self.evaluator.check_metric(self.global_model, self.datamodule.test_dataloader())
+        self.evaluator.check_metric(self.global_model, self.datamodule)
         self._prepared = resume
 
     def fit(self, *, resume: bool = False, overwrite: bool = False, pool: ClientPool | None = None) -> dict[str, Any]:
-        """Run the remaining rounds; with ``resume``, continue from the last committed round.
-
-        Into a directory that holds a run, a fresh fit raises unless it continues it (``resume``) or replaces it
-        (``overwrite``; :mod:`lightning_fl.federation.run_dir`). The clients train in this process or in the pool of
-        this fit (:func:`open_pool`: ``pool`` when given, as Flower's SuperNodes, else workers, Ray actors or DDP
-        ranks). Under DDP only rank 0 returns the summary (also in ``output_dir/summary.json``); the others ``{}``.
+        """Run the remaining rounds: a fresh fit, or one that continues (``resume``) or replaces (``overwrite``) the
+        run in ``output_dir``. The clients train here or in a pool (:func:`open_pool`: ``pool`` as Flower's SuperNodes,
+        workers, Ray actors or DDP ranks); under DDP only rank 0 returns the summary, the others ``{}``.
 
         Raises:
             ValueError: when ``output_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set, or both are.
             RuntimeError: when another live run holds ``output_dir``.
         """
         self.prepare(resume=resume, pool=pool)
-        ranks = launch(self.process_options) if self.ranks > 1 else None
-        if ranks is not None and ranks.device_type != "cpu":  # each rank trains on its own device
-            self.runner.use_devices([ranks.local_rank])
+        ranks = launch(self.process_options, self.runner) if self.ranks > 1 else None
         if ranks is not None and ranks.rank > 0:
             serve(self.runner, ranks)  # trains the clients rank 0 sends; writes nothing
             return {}
-        taps = bool(self.leaks.listeners("on_local_gradient"))
         chosen = open_pool(
-            self.runner, workers=self.workers, backend=self.backend, ranks=ranks, taps_local_gradients=taps, given=pool
+            self.runner, workers=self.workers, backend=self.backend, ranks=ranks, leaks=self.leaks, given=pool
         )
         with writing_run(self.lock, self.checkpoint, resume=resume, overwrite=overwrite), chosen as opened:
             summary, self.round_idx = self.rounds.run(start=self.round_idx, num_clients=self.num_clients, pool=opened)

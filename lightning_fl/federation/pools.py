@@ -16,6 +16,7 @@ from lightning_fl.federation.workers import WorkerPool
 if TYPE_CHECKING:
     from lightning_fl.federation.client_round import ClientPool
     from lightning_fl.federation.client_runner import ClientRunner
+    from lightning_fl.federation.leak_points import LeakPoints
 
 __all__ = ["open_pool"]
 
@@ -27,7 +28,7 @@ def open_pool(
     workers: int,
     backend: Literal["processes", "ray"],
     ranks: Ranks | None,
-    taps_local_gradients: bool,
+    leaks: LeakPoints,
     given: ClientPool | None = None,
 ) -> Iterator[ClientPool | None]:
     """The pool that trains the clients of one ``fit``: the ``given`` one (Flower's SuperNodes; its owner closes it),
@@ -35,7 +36,8 @@ def open_pool(
     A pool opened here is closed when the block ends.
 
     Raises:
-        ValueError: when a callback taps local gradients (type 2), which other processes cannot report.
+        ValueError: when a callback taps local gradients (type 2, a listener of ``leaks``), which other processes
+            cannot report.
     """
     if given is not None:
         yield given
@@ -43,7 +45,7 @@ def open_pool(
     if workers == 1 and backend == "processes" and ranks is None:
         yield None
         return
-    if taps_local_gradients:
+    if leaks.listeners("on_local_gradient"):
         raise ValueError(
             "loop.workers > 1 and DDP ranks cannot tap local gradients (a callback listens at the type-2 leak "
             "point) in other processes; use loop.workers=1 on one device for gradient-leakage attacks."

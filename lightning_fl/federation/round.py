@@ -10,7 +10,7 @@ Compare pfl-research's ``simulate_one_user -> (statistics, metrics)`` and Flower
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,11 +21,10 @@ from lightning_fl.messages import ClientUpdate
 from lightning_fl.view import RoundReport
 
 if TYPE_CHECKING:
-    from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.contexts import FederationSpec
     from lightning_fl.federation.client_round import ClientPool, ClientStep
+    from lightning_fl.federation.composition import Plugins
     from lightning_fl.federation.server_round import ServerStep
-    from lightning_fl.server import ClientSelector
     from lightning_fl.view import FederationView
 
 __all__ = ["Round", "RoundResult"]
@@ -59,25 +58,24 @@ class Round:
 
     Args:
         spec: the run's shape.
-        selector: picks the round's clients.
+        plugins: the run's plug-ins; a round uses the selector (it picks the round's clients) and the FL callbacks
+            (``on_round_start``).
         client_step: trains the selected clients and returns their checked updates.
         server_step: aggregates the updates into the new global state.
-        callbacks: the FL callbacks (``on_round_start``).
         federation: the read-only view the FL callbacks receive; each round gets its own (:meth:`FederationView.at`).
     """
 
     def __init__(
         self,
-        *,
         spec: FederationSpec,
-        selector: ClientSelector,
+        plugins: Plugins,
+        *,
         client_step: ClientStep,
         server_step: ServerStep,
-        callbacks: Sequence[FederatedCallback],
         federation: FederationView,
     ) -> None:
-        self.spec, self.selector, self.client_step, self.server_step = spec, selector, client_step, server_step
-        self.callbacks, self.federation = tuple(callbacks), federation
+        self.spec, self.selector, self.client_step, self.server_step = spec, plugins.selector, client_step, server_step
+        self.callbacks, self.federation = tuple(plugins.callbacks), federation
 
     def run(self, round_idx: int, global_state: Mapping[str, Tensor], pool: ClientPool | None = None) -> RoundResult:
         """Round ``round_idx`` from ``global_state`` (the public global state, never written to); the clients train in

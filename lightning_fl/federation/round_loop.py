@@ -11,7 +11,7 @@ checkpoint manifest, ``logs/metrics.csv`` and ``summary.json``. It stops early w
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -22,12 +22,10 @@ from lightning_fl.trainers import quiet_lightning
 from lightning_fl.view import RoundReport
 
 if TYPE_CHECKING:
-    from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation.checkpoint import Checkpoint, RunParts
     from lightning_fl.federation.client_round import ClientPool
     from lightning_fl.federation.evaluation import Evaluator
     from lightning_fl.federation.round import Round, RoundResult
-    from lightning_fl.view import FederationView
 
 __all__ = ["RoundLoop", "global_state_of"]
 
@@ -40,36 +38,31 @@ def global_state_of(parts: RunParts) -> dict[str, Tensor]:
 
 
 class RoundLoop:
-    """Run the rounds from ``start`` to ``num_rounds`` (or a stop request); :meth:`run` returns the summary.
+    """Run the rounds from ``start`` to the run's ``num_rounds`` (or a stop request); :meth:`run` returns the summary.
 
     Args:
-        round: runs one round on values.
+        round: runs one round on values; its FL callbacks are called, with its read-only view, at the start and end
+            of the run and of each committed round.
         parts: what a round commits (the global model, the recorder, the checkpointed parts).
-        checkpoint: where the rounds are committed (``None``: not written).
+        checkpoint: where the rounds are committed (when it is ``enabled``).
         evaluator: says which rounds are scored; evaluate: the test accuracy of the committed global state.
-        callbacks: the FL callbacks, called with ``federation``.
-        federation: the read-only view the FL callbacks receive.
-        num_rounds: rounds T of the run.
         progress_bar: show a rich progress bar over rounds.
     """
 
     def __init__(
         self,
-        *,
         round: Round,
         parts: RunParts,
-        checkpoint: Checkpoint | None,
+        checkpoint: Checkpoint,
         evaluator: Evaluator,
         evaluate: Callable[[Mapping[str, Tensor]], float],
-        callbacks: Sequence[FederatedCallback],
-        federation: FederationView,
-        num_rounds: int,
+        *,
         progress_bar: bool,
     ) -> None:
         self.round, self.parts, self.checkpoint = round, parts, checkpoint
         self.evaluator, self.evaluate = evaluator, evaluate
-        self.callbacks, self.federation = tuple(callbacks), federation
-        self.num_rounds, self.progress_bar = num_rounds, progress_bar
+        self.callbacks, self.federation = round.callbacks, round.federation
+        self.num_rounds, self.progress_bar = round.spec.num_rounds, progress_bar
 
     def step(self, round_idx: int, pool: ClientPool | None = None) -> tuple[dict[str, Any], RoundReport]:
         """Run round ``round_idx`` (its clients in ``pool``; ``None``: in this process) and commit it in memory;
@@ -100,7 +93,7 @@ class RoundLoop:
 
         recorder, round_idx, stop = self.parts.recorder, start, None
         recorder.start()
-        if self.checkpoint is not None and round_idx == 0:  # commit the start: a kill in round 0 resumes from it
+        if self.checkpoint.enabled and round_idx == 0:  # commit the start: a kill in round 0 resumes from it
             self.checkpoint.save_run(self.parts, round_idx=0, touched=range(num_clients))
         started = RoundReport()
         for cb in self.callbacks:
@@ -110,7 +103,7 @@ class RoundLoop:
             while round_idx < self.num_rounds:
                 entry, report = self.step(round_idx, pool)
                 round_idx += 1
-                if self.checkpoint is not None:
+                if self.checkpoint.enabled:
                     self.checkpoint.save_run(self.parts, round_idx=round_idx, touched=report.touched)
                 stop = report.stop or started.stop
                 recorder.write(stop_reason=stop)

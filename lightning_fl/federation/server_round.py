@@ -13,7 +13,7 @@ state it is given into new tensors and changes no model: the round's commit writ
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,8 @@ from lightning_fl.messages import ClientUpdate
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, RoundContext
     from lightning_fl.federation.client_round import ClientStepResult
+    from lightning_fl.federation.composition import Plugins
     from lightning_fl.federation.leak_points import LeakPoints
-    from lightning_fl.server import Aggregator, ClientSelector
-    from lightning_fl.transforms import ClientTransform, ServerTransform
     from lightning_fl.view import FederationView
 
 __all__ = ["ServerStep", "ServerStepResult", "accepts_keyword"]
@@ -52,28 +51,25 @@ class ServerStep:
     """Aggregate a round's checked updates into a new global state (:meth:`run`).
 
     Args:
-        aggregator: the aggregation rule.
-        selector: the client selection strategy (it observes the round's updates).
-        client_transforms: the client-side chain, whose ``decode_aggregate`` runs on a participating client.
-        server_transforms: the server-side chain applied to the aggregate delta.
+        plugins: the run's plug-ins; this step uses the aggregation rule, the selector (it observes the round's
+            updates), the client-side chain (whose ``decode_aggregate`` runs on a participating client) and the
+            server-side chain applied to the aggregate delta.
         leaks: the leak points (the aggregate, type 0).
         client_context: builds a client's context in a round (to decode the aggregate on that client's side).
     """
 
     def __init__(
         self,
+        plugins: Plugins,
         *,
-        aggregator: Aggregator,
-        selector: ClientSelector,
-        client_transforms: Sequence[ClientTransform],
-        server_transforms: Sequence[ServerTransform],
         leaks: LeakPoints,
         client_context: Callable[[RoundContext, int], ClientContext],
     ) -> None:
-        self.aggregator, self.selector, self.leaks = aggregator, selector, leaks
-        self.client_transforms, self.server_transforms = tuple(client_transforms), tuple(server_transforms)
+        self.aggregator, self.selector, self.leaks = plugins.aggregator, plugins.selector, leaks
+        self.client_transforms = tuple(plugins.client_transforms)
+        self.server_transforms = tuple(plugins.server_transforms)
         self.client_context = client_context
-        self._takes_failures = accepts_keyword(aggregator.aggregate, "failures")
+        self._takes_failures = accepts_keyword(self.aggregator.aggregate, "failures")
 
     def run(
         self,

@@ -53,8 +53,8 @@ __all__ = ["ClientJob", "ClientResult", "WorkerPool", "check_workers", "collect"
 def pack(state: dict[str, Tensor]) -> bytes:
     """Tensors by value as one byte string: a JSON header (name, dtype, shape) and one flat buffer per dtype.
 
-    A memory copy per dtype, not a pickled file per tensor: ``torch.save`` of a ResNet-20 state cost ~8 ms, four
-    times per client fit, ~9 % of a worker's CPU on the ResNet-20 workload. No shared-memory file per tensor.
+    A memory copy per dtype, not a pickled file per tensor (``torch.save`` runs four times per client fit and was
+    the largest fixable cost of worker processes: docs/performance.md, "Scaling"). No shared-memory file per tensor.
 
     Example:
         >>> state = {"w": torch.arange(6.0).view(2, 3), "n": torch.tensor(3), "b": torch.ones(2, dtype=torch.bfloat16)}

@@ -61,8 +61,8 @@ class PassportConv2d(nn.Module):
     ``(C_out,)``. Deviation (default ``reduction="normalized_mean"``): that mean is divided by its root mean
     square over channels. With U(-1, 1) passports of 32x32 pixels the spatial mean is ~0.01, so
     :math:`\gamma \approx 0.005` and a network without a normalisation after the layer (the sigmoid LeNet)
-    does not train (10% accuracy on digits after 10 rounds, against 82% normalised and 88% for FedAvg;
-    90% and 91% after 20 rounds); ``reduction="mean"`` is the literal Fan et al. / reference form.
+    does not train (docs/defences.md gives the accuracies); ``reduction="mean"`` is the literal Fan et al. /
+    reference form.
 
     Inferred: :math:`E` = ``Linear(C_out, hidden)`` then LeakyReLU, :math:`D` =
     ``Linear(hidden, C_out)``, both without bias, the same pair for :math:`\gamma` and :math:`\beta` (Eq. 5 uses
