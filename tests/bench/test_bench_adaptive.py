@@ -12,7 +12,7 @@ from tests.bench.test_bench import MINI
 
 ADAPTIVE = {
     "ig_known_mask": "pruning_70",
-    "ig_noise_aware": "fl_dp_gaussian",
+    "ig_noise_aware": "gaussian_noise",
     "ig_keylock_unknowns": "fedkl_keylock",
     "ig_passport_unknowns": "fdl_pp_passports",
     "ig_split_unknowns": "fdl_pp_split",
