@@ -95,8 +95,10 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert len(threats) >= 3 and max(t.get("data", {}).get("batch_size", 32) for t in threats.values()) >= 8
     fedsgd = {name: t for name, t in threats.items() if name.startswith("fedsgd")}
     assert len(fedsgd) >= 3 and {t["leak_point"] for t in fedsgd.values()} == {"client_update"}  # the server's view
-    assert [t["leak_point"] for t in threats.values()].count("local_gradient") == 1  # one type-2 row for contrast
     assert any(t.get("trained") for t in threats.values())
+    full_threats = load_settings("configs/bench_digits.yaml")["threat_models"]
+    assert set(threats) < set(full_threats)  # the quick grid is a part of the full one's threat models
+    assert [t["leak_point"] for t in full_threats.values()].count("local_gradient") == 1  # one type-2 row, full
     grid = cells(settings)
     inversion = {(c.defence, c.threat_model) for c in grid if c.attack == "colluding_mi"}  # only private layers
     assert {family(settings, d) for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"}

@@ -64,6 +64,19 @@ def test_a_strength_axis_expands_selects_by_family_and_applies_to_its_family(tmp
     assert min(n for f, n in families.items() if f) >= 3  # the quick preset's swept defences: >= 3 strengths
 
 
+def test_the_quick_preset_draws_every_swept_defence_under_every_threat_model_within_its_measured_size() -> None:
+    quick = load_settings("configs/bench_digits.yaml", quick=True)
+    grid = cells(quick)
+    for threat in quick["threat_models"]:  # a curve of >= 3 points per family and threat model
+        points: dict[str, set[str]] = {}
+        for cell in grid:
+            if cell.threat_model == threat and "family" in quick["defences"][cell.defence]:
+                points.setdefault(quick["defences"][cell.defence]["family"], set()).add(cell.defence)
+        assert len(points) == 8 and min(len(p) for p in points.values()) >= 3, (threat, points)
+    # the size whose run was timed (docs/bench.md, "Digits, quick preset"): growing it needs a new measurement
+    assert len(utilities(quick)) <= 27 and len(grid) <= 550
+
+
 @pytest.mark.parametrize(
     ("axis", "fix"),
     [({"key": "init_args.ratio"}, "values"), ({"key": "defences.3.init_args.ratio", "values": [0.5]}, "defences.3")],
