@@ -67,4 +67,4 @@ def test_the_cross_device_preset_has_100_clients_and_a_dp_fedavg_point_at_epsilo
         for e in settings["defences"].values()
         if e.get("family") == "dp_fedavg"
     ]
-    assert min(epsilons) <= 2 and max(epsilons) >= 100 and any(2 < e <= 9 for e in epsilons)
+    assert min(epsilons) <= 2 and max(epsilons) >= 100 and any(2 < e <= 8 for e in epsilons)
