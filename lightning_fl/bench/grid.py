@@ -30,6 +30,7 @@ __all__ = [
     "Utility",
     "applies",
     "apply_only",
+    "attack_at_strength",
     "cells",
     "changes_run",
     "expand_strengths",
@@ -68,11 +69,13 @@ middle and last round: leakage over training, :func:`utility_rounds`); ``trained
 model); ``clients`` (the client ids attacked, default every selected one); ``attacks`` (the attacks that run under
 it, default all); ``max_images``, ``attack_rounds``, and ``data``/``model``/``loop`` merged over the run's."""
 PROTOCOLS = ("attack", "utility")
-_ATTACK_KEYS = {"class_path", "init_args", "applies_to", "server_plugins", "model"}
+_ATTACK_KEYS = {"class_path", "init_args", "applies_to", "strength_arg", "server_plugins", "model"}
 """An attack entry: the attack, the defences it runs against, and what it changes of its own run: what a
 malicious server changes of the model it ships (``server_plugins``, applied before the defence's bundles) and the
 model
-(``model``, merged over the attack run's); an attack with either gets an attack run of its own."""
+(``model``, merged over the attack run's); an attack with either gets an attack run of its own. ``strength_arg``
+(with ``applies_to``): the ``init_args`` key that takes the defence's strength value in each cell, so an adaptive
+attack models the defence at that strength (``ig_noise_aware``'s ``noise_scale`` follows ``noise_std``)."""
 SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 """Grid axes a command line (``--defences a,b``) or an ``only:`` section may trim."""
 
@@ -208,6 +211,11 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
         if keys:
             raise ValueError(f"attacks.{name}: unknown keys {keys}; an attack has {sorted(_ATTACK_KEYS)}.")
         unknown = sorted(set(attack.get("applies_to") or []) - set(raw["defences"]))
+        if attack.get("strength_arg") and not attack.get("applies_to"):
+            raise ValueError(
+                f"attacks.{name}.strength_arg needs applies_to: name the defences whose strength is in that argument's "
+                "unit."
+            )
         if unknown:
             raise ValueError(f"attacks.{name}.applies_to names {unknown}, not in defences: {sorted(raw['defences'])}.")
     return settings
@@ -410,7 +418,7 @@ class Cell:
             "defences": defence.get("defences", []) if utility else fixed_batches(defence.get("defences", [])),
             **({"server_plugins": attack["server_plugins"]} if attack.get("server_plugins") else {}),
             "client_callbacks": defence.get("client_callbacks", []),
-            "attack": {k: attack[k] for k in ("class_path", "init_args") if k in attack},
+            "attack": attack_at_strength(attack, defence),
             "server": server_threat(attack),
             "threat_model": self.threat_model,
             "leak_point": threat["leak_point"],
@@ -421,6 +429,21 @@ class Cell:
             "success_ssim": settings.get("success_ssim", 0.5),
             "seed": self.seed,
         }
+
+
+def attack_at_strength(attack: Mapping[str, Any], defence: Mapping[str, Any]) -> dict[str, Any]:
+    """An attack's ``class_path`` and ``init_args`` against ``defence``, its ``strength_arg`` set to the defence's
+    strength value where the defence has one (an adaptive attack modelling the defence at that strength).
+
+    Example:
+        >>> attack = {"class_path": "A", "init_args": {"noise_scale": 0.01}, "strength_arg": "noise_scale"}
+        >>> attack_at_strength(attack, {"strength": {"key": "init_args.noise_std", "value": 0.1}})["init_args"]
+        {'noise_scale': 0.1}
+    """
+    chosen = {k: copy.deepcopy(attack[k]) for k in ("class_path", "init_args") if k in attack}
+    if attack.get("strength_arg") and defence.get("strength"):
+        chosen["init_args"] = {**chosen.get("init_args", {}), attack["strength_arg"]: defence["strength"]["value"]}
+    return chosen
 
 
 def changes_run(attack: Mapping[str, Any]) -> bool:

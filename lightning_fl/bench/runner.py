@@ -216,31 +216,44 @@ def run_bench(
 
     executor = _Executor(jobs)
     pending: dict[Future, Any] = {}
+
+    def add(future: Future, job: Any) -> None:
+        """Record a run's result as soon as it is known: with one job it ran already, so it is recorded now (a
+        stopped bench keeps it); with workers, when it finishes."""
+        if executor.pool is None:
+            collect(future, job)
+        else:
+            pending[future] = job
+
+    def collect(future: Future, job: Any) -> None:
+        if isinstance(job[0], Utility):
+            run, digest = job
+            finish_utility(run, digest, future.result())
+            for key in waiting.pop(run.key, []):
+                if utility[run.key]["status"] == "ok":
+                    add(submit_group(executor, key), key)
+                else:
+                    names = {c.attack: {"status": "failed: its utility run failed"} for c, _, _ in groups[key]}
+                    finish_cells(groups[key], names)
+        else:
+            finish_cells(groups[job], future.result())
+
+    waiting: dict[str, list[str]] = {}  # utility run key -> trained-model attack runs after it
     try:
-        for run, spec, digest in todo_utility:
-            pending[executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key))] = (run, digest)
-        waiting: dict[str, list[str]] = {}  # utility run key -> trained-model attack runs after it
-        for key, group in sorted(groups.items(), key=lambda item: item[1][0][0].seed):
-            cell, spec = group[0][0], group[0][1]
-            if spec["trained_from"] is not None and cell.utility.key not in utility:
+        for key, group in groups.items():
+            cell = group[0][0]
+            if group[0][1]["trained_from"] is not None and cell.utility.key not in utility:
                 waiting.setdefault(cell.utility.key, []).append(key)
-            else:
-                pending[submit_group(executor, key)] = key
+        for run, spec, digest in todo_utility:
+            add(executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key)), (run, digest))
+        after_utility = {key for keys in waiting.values() for key in keys}  # submitted when their model exists
+        for key, _ in sorted(groups.items(), key=lambda item: item[1][0][0].seed):
+            if key not in after_utility:
+                add(submit_group(executor, key), key)
         while pending:
             finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
             for future in finished:
-                job = pending.pop(future)
-                if isinstance(job[0], Utility):
-                    run, digest = job
-                    finish_utility(run, digest, future.result())
-                    for key in waiting.pop(run.key, []):
-                        if utility[run.key]["status"] == "ok":
-                            pending[submit_group(executor, key)] = key
-                        else:
-                            names = {c.attack: {"status": "failed: its utility run failed"} for c, _, _ in groups[key]}
-                            finish_cells(groups[key], names)
-                else:
-                    finish_cells(groups[job], future.result())
+                collect(future, pending.pop(future))
     except BaseException:
         executor.stop()
         raise

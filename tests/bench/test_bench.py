@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -95,8 +96,10 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert len(threats) >= 3 and max(t.get("data", {}).get("batch_size", 32) for t in threats.values()) >= 8
     fedsgd = {name: t for name, t in threats.items() if name.startswith("fedsgd")}
     assert len(fedsgd) >= 3 and {t["leak_point"] for t in fedsgd.values()} == {"client_update"}  # the server's view
-    assert [t["leak_point"] for t in threats.values()].count("local_gradient") == 1  # one type-2 row for contrast
     assert any(t.get("trained") for t in threats.values())
+    full_threats = load_settings("configs/bench_digits.yaml")["threat_models"]
+    assert set(threats) < set(full_threats)  # the quick grid is a part of the full one's threat models
+    assert [t["leak_point"] for t in full_threats.values()].count("local_gradient") == 1  # one type-2 row, full
     grid = cells(settings)
     inversion = {(c.defence, c.threat_model) for c in grid if c.attack == "colluding_mi"}  # only private layers
     assert {family(settings, d) for d, _ in inversion} == {"fdl_pp_split", "fdl_pp_passports"}
@@ -207,3 +210,23 @@ def test_the_prior_only_baseline_is_a_row_that_reads_no_images_and_scores_at_gue
     assert "The undefended model is broken here (share of images at SSIM ≥ 0.5): ig (1.00)" in markdown
     guessing_passes = max(rows[n]["success_rate_mean"] for n in ("prior_mean", "prior_class")) > 0
     assert guessing_passes == ("does not tell an attack from a guess" in markdown)  # said whenever it happens
+
+
+def test_a_one_job_bench_stopped_midway_keeps_the_runs_it_finished(tmp_path, monkeypatch) -> None:
+    from lightning_fl.bench import runner
+
+    fake = {"status": "ok", "test_accuracy": 0.5, "epsilon": None, "rounds": 2, "cpu_seconds": 0.0}
+    calls: list[str] = []
+
+    def run(kind: str, payload, output_dir: str, trained=None):  # the utility run, then a stop (Ctrl+C)
+        calls.append(kind)
+        if kind == "attack":
+            raise KeyboardInterrupt
+        return fake
+
+    monkeypatch.setattr(runner, "_run", run)
+    grid = {**MINI, "defences": {"none": {}}, "threat_models": {"fedsgd_b1": _B1}}
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(grid, tmp_path, jobs=1, print_=lambda _: None)
+    assert calls == ["utility", "attack"]
+    assert json.loads((tmp_path / "utility" / "none__s0.json").read_text())["test_accuracy"] == 0.5  # kept: resumes

@@ -12,7 +12,7 @@ from tests.bench.test_bench import MINI
 
 ADAPTIVE = {
     "ig_known_mask": "pruning_70",
-    "ig_noise_aware": "fl_dp_gaussian",
+    "ig_noise_aware": "gaussian_noise",
     "ig_keylock_unknowns": "fedkl_keylock",
     "ig_passport_unknowns": "fdl_pp_passports",
     "ig_split_unknowns": "fdl_pp_split",
@@ -32,7 +32,7 @@ def test_each_adaptive_attack_runs_beside_inverting_gradients_against_its_defenc
         beside = {(c.defence, c.threat_model, c.seed) for c in grid if c.attack == "ig" and c.threat_model not in named}
         attacked = {(c.defence, c.threat_model, c.seed) for c in grid if c.attack == attack}
         assert attacked == {b for b in beside if family(settings, b[0]) == defence}
-    threat = settings["threat_models"]["aggregate_k4"]
+    threat = load_settings(config)["threat_models"]["aggregate_k4"]  # the full preset's (the quick digits one drops it)
     assert threat["leak_point"] == "aggregate" and threat["loop"]["clients_per_round"] == 4
     assert threat["max_images"] == 4 * threat["data"]["batch_size"]  # the K x B images behind the aggregate
 

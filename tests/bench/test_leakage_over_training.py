@@ -41,7 +41,7 @@ def test_the_utility_protocol_attacks_the_utility_runs_own_updates_at_its_first_
 
 
 def test_the_digits_preset_has_a_leakage_over_training_threat_model() -> None:
-    settings = load_settings("configs/bench_digits.yaml", quick=True)
+    settings = load_settings("configs/bench_digits.yaml")  # the full preset (the quick one leaves it out)
     over = [name for name, t in settings["threat_models"].items() if t.get("protocol") == "utility"]
     assert len(over) == 1
     spec = Cell("none", "ig", over[0], 0).spec(settings)

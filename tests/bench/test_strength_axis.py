@@ -64,6 +64,19 @@ def test_a_strength_axis_expands_selects_by_family_and_applies_to_its_family(tmp
     assert min(n for f, n in families.items() if f) >= 3  # the quick preset's swept defences: >= 3 strengths
 
 
+def test_the_quick_preset_draws_every_swept_defence_under_every_threat_model_within_its_measured_size() -> None:
+    quick = load_settings("configs/bench_digits.yaml", quick=True)
+    grid = cells(quick)
+    for threat in quick["threat_models"]:  # a curve of >= 3 points per family and threat model
+        points: dict[str, set[str]] = {}
+        for cell in grid:
+            if cell.threat_model == threat and "family" in quick["defences"][cell.defence]:
+                points.setdefault(quick["defences"][cell.defence]["family"], set()).add(cell.defence)
+        assert len(points) == 8 and min(len(p) for p in points.values()) >= 3, (threat, points)
+    # the size whose run was timed (docs/bench.md, "Digits, quick preset"): growing it needs a new measurement
+    assert len(utilities(quick)) <= 27 and len(grid) <= 550
+
+
 @pytest.mark.parametrize(
     ("axis", "fix"),
     [({"key": "init_args.ratio"}, "values"), ({"key": "defences.3.init_args.ratio", "values": [0.5]}, "defences.3")],
@@ -72,3 +85,39 @@ def test_a_malformed_strength_axis_is_refused_naming_the_defence(axis, fix) -> N
     grid = {**TINY, "defences": {"pruning": {"defences": [_PRUNING], "strength": axis}}}
     with pytest.raises(ValueError, match=f"defences.pruning.strength.*{fix}"):
         expand_strengths(grid)
+
+
+def test_an_attack_strength_arg_models_the_defence_at_each_strength() -> None:
+    noise = {"class_path": "lightning_fl.defences.GaussianNoise", "init_args": {"noise_std": 0.01}}
+    aware = {
+        "class_path": "lightning_fl.attacks.NoiseAwareAttack",
+        "init_args": {"noise": "gaussian", "noise_scale": 0.01},
+        "applies_to": ["noise"],
+        "strength_arg": "noise_scale",
+    }
+    grid = {
+        **TINY,
+        "attacks": {**TINY["attacks"], "aware": aware},
+        "defences": {
+            "noise": {"defences": [noise], "strength": {"key": "init_args.noise_std", "values": [0.001, 0.1]}}
+        },
+    }
+    settings = expand_strengths(grid)
+    scales = {
+        c.defence: c.spec(settings)["attack"]["init_args"]["noise_scale"]
+        for c in cells(settings)
+        if c.attack == "aware"
+    }
+    assert scales == {"noise@0.001": 0.001, "noise@0.1": 0.1}  # not the entry's 0.01 at every strength
+    dlg = [c.spec(settings)["attack"] for c in cells(settings) if c.attack == "dlg"]
+    assert all(a["init_args"] == {"max_iterations": 30} for a in dlg)  # an attack without strength_arg is unchanged
+
+
+def test_a_strength_arg_without_applies_to_is_refused(tmp_path) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        "base: " + str((tmp_path.cwd() / "configs" / "bench_digits.yaml").resolve()) + "\n"
+        "attacks: {ig: {strength_arg: lr}}\n"
+    )
+    with pytest.raises(ValueError, match=r"attacks\.ig\.strength_arg needs applies_to"):
+        load_settings(config)
