@@ -61,7 +61,9 @@ reproduce-bench:
 	{ $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --quick --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_photos.yaml --quick --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_lfw.yaml --quick --jobs 2 && \
-	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2; } $(LOG)
+	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_digits_dp.yaml --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_digits_cross_device.yaml --jobs 2; } $(LOG)
 
 reproduce-foundation:
 	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml --output_dir $(OUT)/quickstart && \
@@ -104,7 +106,11 @@ reproduce-attacks-2026:
 	    $(RUN) $(BIN)/python benchmarks/ig_relu_convnet.py --setting $$s --tiles 0 80 240 || exit 1; done && \
 	  for seed in 0 1 2; do \
 	    $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml --seed_everything $$seed \
-	      --attack.init_args.progress_bar false --output_dir $(OUT)/ig_full_s$$seed || exit 1; done; } $(LOG)
+	      --attack.init_args.progress_bar false --output_dir $(OUT)/ig_full_s$$seed || exit 1; done && \
+	  $(RUN) $(BIN)/lightning-fl fit -c configs/fit_convnet_photos.yaml --output_dir $(OUT)/fit_convnet_photos && \
+	  $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml --run.batches 2 \
+	    --ckpt_path $(OUT)/fit_convnet_photos/global_model.safetensors --attack.init_args.progress_bar false \
+	    --output_dir $(OUT)/ig_full_trained; } $(LOG)
 
 reproduce-gpu: $(VENV)/.installed | $(OUT)
 	{ $(RUN) PYTHON=$(BIN)/python bash benchmarks/gpu_attacks.sh $(OUT)/gpu && \
@@ -204,6 +210,7 @@ reproduce-secure-aggregation:
 # docs/performance.md: timings (they depend on the machine and its load; the doc gives both for each table).
 reproduce-performance:
 	{ $(RUN) $(BIN)/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/cli_startup.py --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 25 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 100 --per-round 20 --rounds 25 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 10 --repeats 3 --fed-cdp && \
