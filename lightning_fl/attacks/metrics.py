@@ -500,15 +500,19 @@ def score_reconstruction(
 
 
 def image_successes(images: Mapping[str, Sequence[float]], bar: float) -> list[float]:
-    """1.0 for each attacked image whose SSIM reaches ``bar`` and beats the SSIM of a flat image of its own mean
-    colour (``images["own_colour_ssim"]``, where the cell holds it for every image: on smooth photos the colour
-    alone reaches the bar), else 0.0.
+    """1.0 for each attacked image whose SSIM reaches ``bar`` and beats both references the cell holds for it, else
+    0.0: the SSIM of a flat image of its own mean colour (``images["own_colour_ssim"]``: on smooth photos the colour
+    alone reaches the bar) and the best prior-only guess of it (``images["guess_ssim"]``: a public image of its
+    class or the data set's mean, which never reads the update; on digits such a guess reaches SSIM 0.5 on most
+    images). A reference the cell lacks for some image (a cell stored before it) is not applied.
 
     Example:
         >>> image_successes({"ssim": [0.8, 0.6, 0.3], "own_colour_ssim": [0.9, 0.2, 0.1]}, 0.5)
         [0.0, 1.0, 0.0]
+        >>> image_successes({"ssim": [0.8, 0.6], "own_colour_ssim": [0.1, 0.1], "guess_ssim": [0.7, 0.65]}, 0.5)
+        [1.0, 0.0]
     """
-    ssims, colours = images.get("ssim") or [], images.get("own_colour_ssim") or []
-    if len(colours) != len(ssims):  # a cell stored before the colour reference: the bar alone
-        colours = [-1.0] * len(ssims)
-    return [float(v >= bar and v > c) for v, c in zip(ssims, colours, strict=True)]
+    ssims = images.get("ssim") or []
+    references = [images.get(key) or [] for key in ("own_colour_ssim", "guess_ssim")]
+    references = [r for r in references if len(r) == len(ssims)]
+    return [float(v >= bar and all(v > r[i] for r in references)) for i, v in enumerate(ssims)]

@@ -51,17 +51,23 @@ def _per_image(attacks: list[Mapping[str, Any]], metric: str) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
-def _scores(spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float) -> dict[str, Any]:
-    """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only).
+def _scores(
+    spec: Mapping[str, Any], entries: list[Mapping[str, Any]], seconds: float, guess: list[float] | None = None
+) -> dict[str, Any]:
+    """One cell's scores from its attack entries (``summary.json["attacks"]`` of its attack only); ``guess``: per
+    attacked image, the best prior-only guess's SSIM in the same run (:func:`_best_guess`), kept as
+    ``images["guess_ssim"]``.
 
     ``images`` holds each attacked image's PSNR, SSIM and LPIPS, ``by_round`` its PSNR and SSIM per attacked round
     (leakage over training); ``success_rate`` is the share of attacked images whose reconstruction reaches SSIM ≥
-    ``success_ssim`` and beats its own mean colour
+    ``success_ssim`` and beats its own mean colour and the best guess of it
     (:func:`~lightning_fl.attacks.metrics.image_successes`).
     """
     attacks = [a for a in entries if a.get("readable", True)]
     unreadable = len(entries) - len(attacks)  # views with nothing readable (Paillier ciphertexts)
     images = {m: _per_image(attacks, m) for m in IMAGE_METRICS}
+    if guess is not None and len(guess) == len(images["ssim"]):
+        images["guess_ssim"] = guess
     result: dict[str, Any] = {
         **{m: _mean([a.get(m) for a in attacks]) for m in METRICS},
         "success_rate": _mean(image_successes(images, spec["success_ssim"])),
@@ -222,13 +228,34 @@ def run_attacks(
     share = (time.process_time() - start) / len(specs)
     released = dp_sgd_history(loop)  # the attacked client's steps, each on a fixed batch that holds its target
     attacked = [[sigma, 1.0, steps] for sigma, _, steps in released] if released else None
+    guessed = [name for leakage, name in zip(leakages, specs, strict=True) if _prior_only(leakage)]
+    guess = _best_guess([[a for a in summary["attacks"] if a["attack"] == name] for name in guessed])
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
         own = [a for a in summary["attacks"] if a["attack"] == name]
-        results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share)
-        results[name]["prior_only"] = bool(getattr(leakage.attack, "prior_only", False))
+        reference = None if name in guessed else guess
+        results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share, reference)
+        results[name]["prior_only"] = _prior_only(leakage)
         results[name]["dp_sgd_attacked"] = attacked
     return results
+
+
+def _prior_only(leakage: Any) -> bool:
+    return bool(getattr(leakage.attack, "prior_only", False))
+
+
+def _best_guess(guesses: list[list[Mapping[str, Any]]]) -> list[float] | None:
+    """Per attacked image, the highest SSIM any prior-only guess of the run scored on it (``guesses``: each guess's
+    attack entries), or ``None`` without a guess that scored every image. The guesses attack the run's events in
+    the order the attacks do, so the lists line up image by image.
+
+    Example:
+        >>> _best_guess([[{"per_image": {"ssim": [0.2, 0.7]}}], [{"per_image": {"ssim": [0.5, 0.1]}}]])
+        [0.5, 0.7]
+    """
+    scored = [_per_image(entries, "ssim") for entries in guesses]
+    scored = [s for s in scored if s and len(s) == len(scored[0])]
+    return [max(values) for values in zip(*scored, strict=True)] if scored else None
 
 
 def write_atomically(path: Path, payload: Mapping[str, Any]) -> None:

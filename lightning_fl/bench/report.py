@@ -74,9 +74,11 @@ the 100 dB cap (an exact copy). Every score's ``_std``: sample std over seeds of
 attack's threat model of the server, ``honest-but-curious`` (it reads what it receives) or ``malicious`` (it changed
 the model it ships); ``prior_only``: a calibration row that never reads the images (:class:`PriorBaseline`);
 ``exact``: the share of the images behind an attacked update recovered at PSNR ≥ 30 dB; ``success_rate``: share of
-the attacked images at SSIM ≥ ``success_ssim``. ``rero_bound``: for a DP-SGD defence, the upper bound on any attack's
-success (Hayes et al., NeurIPS 2023) for the release the attack saw (its steps, each on a batch known to hold the
-target: q = 1), at ``rero_kappa``, the prior's baseline success (:func:`reconstruction_bounds`);
+the attacked images at SSIM ≥ ``success_ssim`` that also beat their own mean colour and (for an attack that reads
+the update) every prior-only guess of them (:func:`~lightning_fl.attacks.metrics.image_successes`).
+``rero_bound``: for a DP-SGD defence, the upper bound on any attack's success (Hayes et al., NeurIPS 2023) for
+the release the attack saw (its steps, each on a batch known to hold the target: q = 1), at ``rero_kappa``, the
+prior's baseline success (:func:`reconstruction_bounds`);
 ``rero_bound_training``: the same bound for the whole utility run's DP-SGD (its σ, q, T)."""
 
 UNDEFENDED = "none"
@@ -98,7 +100,7 @@ def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
 def _units(runs: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
     """The row's values of ``metric`` per attacked image, all seeds together (a cell stored without per-image
     scores gives its mean once; one with nothing readable, its success rate of 0). ``success_rate`` per image: 1
-    where its SSIM reaches the cell's success bar and beats its own mean colour (``image_successes``)."""
+    where its SSIM reaches the cell's success bar and beats its references (``image_successes``)."""
     values: list[float | None] = []
     for r in runs:
         images = r.get("images")
@@ -341,7 +343,8 @@ def rank_note(rows: Sequence[Mapping[str, Any]], threat_model: str) -> str:
         if (guess.get("success_rate_mean") or 0.0) > 0:
             note += (
                 f", and reaches the success bar on {guess['success_rate_mean']:.0%} of the images: at SSIM ≥ {bar} "
-                "the bar does not tell an attack from a guess on this data (raise success_ssim)"
+                "the bar alone does not tell an attack from a guess on this data, so an attack's image counts as "
+                "recovered only where it also beats every guess of that image"
             )
         note += "."
     return note
@@ -393,7 +396,9 @@ def write_markdown(
         f"(images: how many, all seeds together) and its 95 % interval, bootstrapped over the images ({_RESAMPLES} "
         "resamples, seed 0). PSNR: mean over the images whose PSNR is measured; '≥ 100 (capped, k of n)': k images "
         "copied exactly (MSE 0, reported at the 100 dB cap), not averaged. Success: share of the attacked images at "
-        "SSIM ≥ the config's success_ssim; an attack breaks a model when its success is ≥ "
+        "SSIM ≥ the config's success_ssim that also beat a flat image of their own mean colour and, for an attack "
+        "that reads the update, every prior-only guess of the same image; an attack breaks a model when its success "
+        "is ≥ "
         f"{BROKEN_SHARE:g}. prior_* rows (prior only): guesses from the attacker's public data (the test split) "
         "that never read the images, the level an attack must beat. Exact: share of the images behind an attacked "
         "update recovered at PSNR ≥ 30 dB (mean ± std over seeds). Server: honest-but-curious (reads what it "

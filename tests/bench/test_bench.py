@@ -205,6 +205,14 @@ def test_the_prior_only_baseline_is_a_row_that_reads_no_images_and_scores_at_gue
         assert scores["psnr_mean"] < rows["ig"]["psnr_mean"] - 8.0
     assert rows["prior_class"]["label_accuracy_mean"] == 1.0 and rows["prior_mean"]["label_accuracy_mean"] is None
     assert len(cell["images"]["ssim"]) == 2  # per-image scores, what the intervals resample
+    # an attack's image counts as recovered only above every guess of the same image; a guess has no such reference
+    cells = {n: json.loads((tmp_path / "cells" / f"none__{n}__fedsgd_b1__s0.json").read_text()) for n in rows}
+    guesses = [cells[n]["images"]["ssim"] for n in ("prior_mean", "prior_class")]
+    best_guess = [max(pair) for pair in zip(*guesses, strict=True)]
+    assert cells["ig"]["images"]["guess_ssim"] == best_guess and "guess_ssim" not in cell["images"]
+    ig_images = cells["ig"]["images"]
+    expected = [float(v >= 0.5 and v > g) for v, g in zip(ig_images["ssim"], best_guess, strict=True)]
+    assert cells["ig"]["success_rate"] == sum(expected) / len(expected)
     markdown = (tmp_path / "bench.md").read_text()
     assert "| none | prior_class (prior only) |" in markdown and "Guessing from public data" in markdown
     assert "The undefended model is broken here (share of images at SSIM ≥ 0.5): ig (1.00)" in markdown
