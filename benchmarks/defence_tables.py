@@ -10,7 +10,8 @@ the private-layer weights but not the passports (spec_001_004 A3.1, A7-8); for F
 holds the lock weights but not the key (spec_003 Sec. 3.6). FL-DP adds its noise to the gradient the attacker sees.
 
 The settings (data, model, loop, attack budgets, the Table 1 rows, the key-lock) live in
-``configs/defence_tables.yaml``; ``--images`` and ``--rounds`` override the config's values. Run:
+``configs/defence_tables.yaml`` (a fit config's data, model and loop plus a ``sweep:`` section); ``--images`` and
+``--rounds`` override the config's values. Run:
 ``OMP_NUM_THREADS=1 python benchmarks/defence_tables.py --config configs/defence_tables.yaml [--images 4]``
 (``--json out.json`` also writes the numbers); the tables it prints are in docs/reproduction.md ("Model-level
 defences").
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
+from _config import instantiate, parse_args
 
 from lightning_fl.attacks import DLGAttack, InvertingGradientsAttack
 from lightning_fl.attacks.metrics import fdlpp_privacy_score, image_mse, score_reconstruction
@@ -58,7 +59,7 @@ def _data(config: dict[str, Any]) -> FederatedDataModule:
 
 def _model(config: dict[str, Any], dm: FederatedDataModule, defences: list[Defence], seed: int) -> ImageClassifier:
     torch.manual_seed(seed)
-    model = ImageClassifier(**{**config["model"], **dm.model_options})
+    model = instantiate(config["model"], **dm.model_options)
     return apply_defences(model, [copy.deepcopy(d) for d in defences])
 
 
@@ -68,7 +69,7 @@ def accuracy(config: dict[str, Any], defences: list[Defence], transforms: list, 
     spec = {
         "seed": 0,
         "data": config["data"],
-        "model": {"class_path": "lightning_fl.models.ImageClassifier", "init_args": config["model"]},
+        "model": config["model"],
         "defences": [copy.deepcopy(d) for d in defences],
         "loop": {
             **config["loop"],
@@ -118,24 +119,16 @@ def _score(attacker: DLGAttack | InvertingGradientsAttack, view: ServerView, tru
     }
 
 
-def load_config(path: Path, *, images: int | None = None, rounds: int | None = None) -> dict[str, Any]:
-    """The benchmark's settings from ``path``, with the command line's ``--images`` / ``--rounds`` on top."""
-    config = yaml.safe_load(path.read_text())
-    if images is not None:
-        config["images"] = images
-    if rounds is not None:
-        config["loop"]["num_rounds"] = rounds
-    return config
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/defence_tables.yaml"), help="the settings")
-    parser.add_argument("--images", type=int, default=None, help="victim images (and model seeds) per attack cell")
+    parser.add_argument("--images", type=int, help="victim images (and model seeds) per attack cell")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds for the accuracy columns")
     parser.add_argument("--json", type=str, default=None, help="also write the numbers to this JSON file")
-    args = parser.parse_args()
-    config = load_config(args.config, images=args.images, rounds=args.rounds)
+    args = parse_args(parser)
+    config = {**args.fit, **args.sweep, "images": args.images}
+    if args.rounds is not None:
+        config["loop"] = {**config["loop"], "num_rounds": args.rounds}
     torch.set_num_threads(1)
     start, cpu_start = time.time(), time.process_time()
     results: dict[str, dict[str, Any]] = {"table_1": {}, "table_5_1": {}, "table_5_6": {}}

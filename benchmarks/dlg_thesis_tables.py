@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--success-ssim", type=float)
     args = parse_args(parser)
     torch.set_num_threads(1)
-    dm = FederatedDataModule(**args.from_config["data"], image_size=args.image_size)
+    dm = FederatedDataModule(**args.fit["data"], image_size=args.image_size)
     for batch_size in args.batch_sizes:
         torch.manual_seed(0)
         model = ImageClassifier("lenet_dlg", **dm.model_options)

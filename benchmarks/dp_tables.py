@@ -198,18 +198,18 @@ def dual_dp_run(fit: dict[str, Any], mode: str | None, rounds: int | None) -> di
 
 
 def _dpfl_table2(args: argparse.Namespace) -> dict[str, Any]:
-    protocol = args.from_config["dpfl_table2"]
+    protocol = args.sweep["dpfl_table2"]
     eps = protocol["epsilons"]
     return {"epsilon": eps, **{a: one_noisy_epoch_accuracy(a, eps, protocol) for a in protocol["allocations"]}}
 
 
 def _dpfl_table3(args: argparse.Namespace) -> dict[str, Any]:
     fit = fit_config_spec(args.dpfl_config)
-    return {str(e): dpfl_federated(fit, e, args.rounds) for e in [None, *args.from_config["dpfl_table3"]["epsilons"]]}
+    return {str(e): dpfl_federated(fit, e, args.rounds) for e in [None, *args.sweep["dpfl_table3"]["epsilons"]]}
 
 
 def _fed_cdp_table2(args: argparse.Namespace) -> dict[str, Any]:
-    fit, setting = fit_config_spec(args.fed_cdp_config), args.from_config["fed_cdp_table2"]
+    fit, setting = fit_config_spec(args.fed_cdp_config), args.sweep["fed_cdp_table2"]
     common = {"fed_sdp_sigma": setting["fed_sdp_noise_multiplier"], **setting["decay"]}
     rows = {d: fed_cdp_run(fit, d, args.rounds, **common) for d in ("none", "fed_sdp", "fed_cdp", "fed_cdp_decay")}
     for d in ("fed_cdp", "fed_cdp_decay"):  # a noise level the tiny federation survives
@@ -223,7 +223,7 @@ def _fed_cdp_table6(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _fed_cdp_table7(args: argparse.Namespace) -> dict[str, Any]:
-    attack = args.from_config["fed_cdp_table7"]
+    attack = args.sweep["fed_cdp_table7"]
     return {
         f"{leak}/{d}": leakage(d, leak, attack)
         for leak in ("client_update", "local_gradient")
@@ -233,7 +233,7 @@ def _fed_cdp_table7(args: argparse.Namespace) -> dict[str, Any]:
 
 def _dual_dp_fig6b(args: argparse.Namespace) -> dict[str, Any]:
     fit = fit_config_spec(args.dual_dp_config)
-    return {str(m): dual_dp_run(fit, m, args.rounds) for m in (None, *args.from_config["dual_dp_fig6b"]["modes"])}
+    return {str(m): dual_dp_run(fit, m, args.rounds) for m in (None, *args.sweep["dual_dp_fig6b"]["modes"])}
 
 
 PARTS = {

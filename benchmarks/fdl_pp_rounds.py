@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", help="setting names (keys of the config's passports:)")
     parser.add_argument("--out", type=Path)
     args = parse_args(parser)
-    fit, passports = fit_config_spec(args.fit_config), args.from_config["passports"]
+    fit, passports = fit_config_spec(args.fit_config), args.sweep["passports"]
     unknown = sorted(set(args.settings) - set(passports))
     if unknown:
         parser.error(f"--settings {unknown} unknown; the config's passports: names {sorted(passports)}.")

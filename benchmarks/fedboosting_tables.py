@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--key-size", type=int)
     parser.add_argument("--only", nargs="+", help="run only the rows with these method names")
     args = parse_args(parser)
-    setting = {"data": args.from_config["data"], "model": args.from_config["model"], "rounds": args.rounds}
+    setting = {"data": args.fit["data"], "model": args.fit["model"], "rounds": args.rounds}
     he = [{"class_path": "lightning_fl.defences.PaillierEncryption", "init_args": {"key_size": args.key_size}}]
     plain: list = []
     rows = [

@@ -69,7 +69,7 @@ def _cell(attack: GradientAttack, model: ImageClassifier, images: torch.Tensor, 
 
 
 def _attacks(args: argparse.Namespace) -> dict[str, GradientAttack]:
-    return {name: instantiate(entry, progress_bar=False) for name, entry in args.from_config["attacks"].items()}
+    return {name: instantiate(entry, progress_bar=False) for name, entry in args.sweep["attacks"].items()}
 
 
 def _data(args: argparse.Namespace, dataset: str) -> FederatedDataModule:
@@ -82,7 +82,7 @@ def table_3_4(args: argparse.Namespace) -> list[dict]:
     for dataset in args.datasets:
         dm = _data(args, dataset)
         for state, epochs in (("non-converged", 0), ("converged", args.train_epochs)):
-            model = _model(dm, train_epochs=epochs, **args.from_config["train"])
+            model = _model(dm, train_epochs=epochs, **args.sweep["train"])
             for name, attack in _attacks(args).items():
                 images = range(args.images_per_cell)
                 cells = [_cell(attack, model, *dm.sample_batch(0, 1, seed=seed)) for seed in images]
@@ -103,7 +103,7 @@ def table_3_6(args: argparse.Namespace) -> list[dict]:
     rows = []
     for dataset in args.datasets:
         dm = _data(args, dataset)
-        model = _model(dm, train_epochs=0, **args.from_config["train"])
+        model = _model(dm, train_epochs=0, **args.sweep["train"])
         for name, attack in _attacks(args).items():
             largest = 0
             for batch_size in args.batch_sizes:

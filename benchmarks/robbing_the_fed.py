@@ -60,7 +60,7 @@ def one_client(data: str) -> tuple[FederatedDataModule, torch.Tensor, torch.Tens
 
 def batch_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for data, feature in args.from_config["features"].items():
+    for data, feature in args.sweep["features"].items():
         dm, images, labels = one_client(data)
         for batch in args.batch_sizes:
             for steps in args.local_steps:
@@ -91,7 +91,7 @@ def defence_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     data["batch_size"] = 64
     server_data = FederatedDataModule(**data)  # the split the server measures its bins on
     rows = []
-    for name, setting in args.from_config["defences"].items():
+    for name, setting in args.sweep["defences"].items():
         leak_point = setting.get("leak_point", "client_update")
         clients = int(setting.get("clients_per_round", 1))
         gain = float(setting.get("gain", 1.0))

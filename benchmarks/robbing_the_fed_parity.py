@@ -73,7 +73,7 @@ def main() -> None:
     args = parse_args(parser)
     torch.set_num_threads(1)
     rows = []
-    for data, feature in args.from_config["features"].items():
+    for data, feature in args.sweep["features"].items():
         dm, pool, pool_labels = one_client(data)
         for seed in args.seeds:
             chosen = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[: args.batch_size]

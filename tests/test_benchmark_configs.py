@@ -22,19 +22,22 @@ def _parser(config: Path) -> argparse.ArgumentParser:
     return parser
 
 
-def test_config_values_are_the_defaults_and_flags_override_them(tmp_path: Path) -> None:
+def test_sweep_values_are_the_defaults_and_flags_override_them(tmp_path: Path) -> None:
     config = tmp_path / "bench.yaml"
-    config.write_text("rounds: 20\nseeds: [0, 1, 2]\nout: runs/x\nprotocol: {draws: 3}\n")
+    config.write_text(
+        "data: {dataset: digits}\nsweep:\n  rounds: 20\n  seeds: [0, 1, 2]\n  out: runs/x\n  protocol: {draws: 3}\n"
+    )
     args = _config.parse_args(_parser(config), [])
     assert (args.rounds, args.seeds, args.out) == (20, [0, 1, 2], Path("runs/x"))
-    assert args.from_config["protocol"] == {"draws": 3}  # nested settings are read from the file, not flags
+    assert args.sweep["protocol"] == {"draws": 3}  # nested settings are read from the file, not flags
+    assert args.fit == {"data": {"dataset": "digits"}}  # the fit config's sections
     args = _config.parse_args(_parser(config), ["--seeds", "3", "--rounds", "5"])
     assert (args.rounds, args.seeds) == (5, [3])
 
 
 def test_a_misspelt_setting_is_an_error_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "bench.yaml"
-    config.write_text("roundz: 20\n")
+    config.write_text("sweep: {roundz: 20}\n")
     with pytest.raises(SystemExit):
         _config.parse_args(_parser(config), [])
     assert "unknown settings ['roundz']" in capsys.readouterr().err
@@ -42,9 +45,17 @@ def test_a_misspelt_setting_is_an_error_naming_it(tmp_path: Path, capsys: pytest
         _config.parse_args(_parser(tmp_path / "missing.yaml"), [])
 
 
+def test_a_flag_outside_the_sweep_section_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text("rounds: 20\n")  # the old dialect: script settings at the top level
+    with pytest.raises(SystemExit):
+        _config.parse_args(_parser(config), [])
+    assert "settings ['rounds'] are the script's; put them under sweep:" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["dp_tables", "fdl_pp_rounds", "fed_dp_clients_per_round"])
 def test_each_benchmark_config_names_existing_fit_configs(name: str) -> None:
-    settings = _config.read_yaml(CONFIGS / f"{name}.yaml")
+    settings = _config.read_yaml(CONFIGS / f"{name}.yaml")["sweep"]
     named = [v for k, v in settings.items() if k.endswith("_config")]
     assert named and all((CONFIGS.parent / path).is_file() for path in named)
 

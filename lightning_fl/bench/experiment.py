@@ -25,7 +25,16 @@ if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
     from lightning_fl.federation import FederatedLoop
 
-__all__ = ["build_loop", "data_options", "fit_config_spec", "fit_loop", "fit_spec", "recorded_warnings", "scratch_loop"]
+__all__ = [
+    "build_loop",
+    "data_options",
+    "fit_config_spec",
+    "fit_loop",
+    "fit_loop_options",
+    "fit_spec",
+    "recorded_warnings",
+    "scratch_loop",
+]
 
 _DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
 """The data options the command links into a model's ``init_args`` (when the model accepts them)."""
@@ -70,7 +79,7 @@ def build_loop(
     accepted = inspect.signature(model_type).parameters
     links = {k: v for k, v in data.model_options.items() if k in _DATA_LINKS and k in accepted}
     model = model_type(**{**links, **build(spec["model"].get("init_args") or {})})
-    loop_options = build(dict(spec["loop"]))
+    loop_options = fit_loop_options(spec["loop"])
     return FederatedLoop(
         model,
         data,
@@ -121,7 +130,22 @@ def data_options(data: Mapping[str, Any]) -> dict[str, Any]:
 FIT_COMMAND_LOOP_DEFAULTS: dict[str, Any] = {"vectorize": "auto"}
 """Where ``lightning-fl fit``'s ``loop:`` defaults differ from :class:`FederatedLoop`'s: the command stacks plain
 clients where it pays (the quickstart's history equals the one-by-one fit's to 6e-7 in loss and exactly in accuracy;
-docs/performance.md, "Vectorised clients"). A fit config read as a spec trains as the command does."""
+docs/performance.md, "Vectorised clients"). The command's parser sets them as its defaults and
+:func:`fit_loop_options` puts them under every spec's ``loop``, so a bench run or a fit config read as a spec trains
+as the command does."""
+
+
+def fit_loop_options(loop: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`FederatedLoop` options of a spec's ``loop`` section as ``lightning-fl fit`` sets them: the command's
+    defaults (:data:`FIT_COMMAND_LOOP_DEFAULTS`), then the section's keys, ``class_path`` entries built.
+
+    Example:
+        >>> fit_loop_options({"num_rounds": 2})
+        {'vectorize': 'auto', 'num_rounds': 2}
+        >>> fit_loop_options({"vectorize": False})
+        {'vectorize': False}
+    """
+    return build({**FIT_COMMAND_LOOP_DEFAULTS, **loop})
 
 
 def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:
@@ -147,8 +171,7 @@ def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{path}: keys {unknown} are not fit settings; a spec has {sorted(_SPEC_KEYS)}.")
     spec = {**spec, **config}
-    spec["loop"] = {**FIT_COMMAND_LOOP_DEFAULTS, **(spec["loop"] or {})}
-    return {**spec, **overrides}
+    return {**spec, "loop": spec["loop"] or {}, **overrides}
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 training callbacks (per-example DP, Soteria, MixUp, InstaHide) and update transforms (noise, pruning, client-level
 DP, PoGZ, Paillier)."""
 
-from lightning_fl.defences.base import Defence, DefenceParts, apply_defences, check_defences_once
+from lightning_fl.defences.base import Defence, DefenceParts, apply_defences, apply_layers, check_defences_once
 from lightning_fl.defences.data import *  # noqa: F403
 from lightning_fl.defences.data import __all__ as _data
 from lightning_fl.defences.dp import *  # noqa: F403
@@ -18,6 +18,7 @@ __all__: list[str] = [
     "Defence",
     "DefenceParts",
     "apply_defences",
+    "apply_layers",
     "check_defences_once",
     *_data,
     *_dp,

@@ -9,7 +9,8 @@ model, applied after it is built), or :func:`apply_defences` for a plain Lightni
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from lightning_fl.server.selection import ClientSelector
     from lightning_fl.transforms import BroadcastTransform, ClientTransform, ServerTransform
 
-__all__ = ["Defence", "DefenceParts", "apply_defences", "check_defences_once", "collect_parts"]
+__all__ = ["Defence", "DefenceParts", "apply_defences", "apply_layers", "check_defences_once", "collect_parts"]
 
 
 @dataclass
@@ -81,6 +82,24 @@ class Defence:
     def check_model(self, model: nn.Module) -> None:
         """Raise a ``ValueError`` naming the layer and the fix if this defence cannot train ``model`` (the model with
         every defence's layers in place); called when the run is built, before any training. Default: any model."""
+
+
+def apply_layers(add_layers: Callable[..., nn.Module], model: nn.Module, bundle: Defence) -> nn.Module:
+    """``add_layers(model, **options)``, each keyword option of ``add_layers`` read from ``bundle``'s attribute of the
+    same name: how a model defence's bundle (key-locks, passports, PRECODE, a private split) applies its layer
+    function with the options it stores under their own names.
+
+    Example:
+        >>> from lightning_fl.defences.model.split import split_private
+        >>> from lightning_fl.private import is_private_module
+        >>> class FirstConvPrivate(Defence):
+        ...     cut = 1
+        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Conv2d(2, 2, 3))
+        >>> [is_private_module(layer) for layer in apply_layers(split_private, net, FirstConvPrivate())]
+        [True, False]
+    """
+    keywords = [p.name for p in inspect.signature(add_layers).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    return add_layers(model, **{name: getattr(bundle, name) for name in keywords})
 
 
 def apply_defences(model: nn.Module, defences: Sequence[Defence], *, data: Any = None) -> nn.Module:

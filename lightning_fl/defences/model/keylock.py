@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_fl.defences.base import Defence
+from lightning_fl.defences.base import Defence, apply_layers
 
 __all__ = [
     "KeyLock",
@@ -296,14 +296,7 @@ class KeyLocks(Defence):
         self.norm = norm
 
     def apply_to_model(self, model: nn.Module) -> nn.Module:
-        return add_keylock(
-            model,
-            conv=self.conv,
-            key_length=self.key_length,
-            lock_act=self.lock_act,
-            lock_init_range=self.lock_init_range,
-            norm=self.norm,
-        )
+        return apply_layers(add_keylock, model, self)
 
     def __repr__(self) -> str:
         return (

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_fl.defences.base import Defence
+from lightning_fl.defences.base import Defence, apply_layers
 
 __all__ = ["PassportConv2d", "PassportDistribution", "PassportReduction", "Passports", "add_passports"]
 
@@ -282,14 +282,7 @@ class Passports(Defence):
         self.passport_size, self.passport_dist, self.reduction = passport_size, passport_dist, reduction
 
     def apply_to_model(self, model: nn.Module) -> nn.Module:
-        return add_passports(
-            model,
-            num_convs=self.num_convs,
-            hidden_features=self.hidden_features,
-            passport_size=self.passport_size,
-            passport_dist=self.passport_dist,
-            reduction=self.reduction,
-        )
+        return apply_layers(add_passports, model, self)
 
     def __repr__(self) -> str:
         return f"Passports(num_convs={self.num_convs}, passport_dist={self.passport_dist!r})"

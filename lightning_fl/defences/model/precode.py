@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._C._functorch import maybe_current_level
 
-from lightning_fl.defences.base import Defence
+from lightning_fl.defences.base import Defence, apply_layers
 
 __all__ = ["PRECODE", "VariationalBottleneck", "add_precode", "gaussian_kl"]
 
@@ -153,7 +153,7 @@ class PRECODE(Defence):
         self.bottleneck_size, self.beta, self.head = bottleneck_size, beta, head
 
     def apply_to_model(self, model: nn.Module) -> nn.Module:
-        return add_precode(model, bottleneck_size=self.bottleneck_size, beta=self.beta, head=self.head)
+        return apply_layers(add_precode, model, self)
 
     def __repr__(self) -> str:
         return f"PRECODE(bottleneck_size={self.bottleneck_size}, beta={self.beta}, head={self.head!r})"

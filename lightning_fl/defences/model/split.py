@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_fl.defences.base import Defence
+from lightning_fl.defences.base import Defence, apply_layers
 from lightning_fl.private import mark_private, private_modules
 
 __all__ = ["PrivateFineTuning", "PrivateSplit", "split_private"]
@@ -86,7 +86,7 @@ class PrivateSplit(Defence):
         self.cut = cut
 
     def apply_to_model(self, model: nn.Module) -> nn.Module:
-        return split_private(model, cut=self.cut)
+        return apply_layers(split_private, model, self)
 
     def __repr__(self) -> str:
         return f"PrivateSplit(cut={self.cut!r})"
