@@ -106,7 +106,7 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert len(utilities(settings)) == len(settings["defences"])
     full = load_settings("configs/bench_digits.yaml")
     assert len(full["seeds"]) >= 3 and full["loop"] == settings["loop"]  # the same utility runs, more seeds
-    assert full["attacks"]["grnn"]["init_args"]["iterations"] > settings["attacks"]["grnn"]["init_args"]["iterations"]
+    assert full["attacks"]["ig"]["init_args"]["max_iterations"] > settings["attacks"]["ig"]["init_args"]["max_iterations"]
 
 
 class _RecordingLoop:
