@@ -132,7 +132,8 @@ def dp_sgd_history(loop: Any) -> list[list[float]] | None:
     :mod:`lightning_fl.privacy.reconstruction` are computed from."""
     from lightning_fl.defences.dp import ClientDPSGD
 
-    keys = {d.extra_key for d in loop.defences if isinstance(d, ClientDPSGD)}
+    # a bundle (2DP-FL's DualDPFL) is not itself a ClientDPSGD: its DP-SGD part is one of the loop's callbacks
+    keys = {d.extra_key for d in [*loop.defences, *loop.callbacks] if isinstance(d, ClientDPSGD)}
     histories = [c.extra[k]["history"] for c in loop.clients for k in keys if k in c.extra]
     histories = [h for h in histories if h]
     if not histories:

@@ -39,3 +39,16 @@ def test_a_dp_sgd_point_has_its_bound_above_its_measured_success_and_a_plot(tmp_
     assert "ReRo bounds (Hayes et al., 2023)" in (tmp_path / "bench.md").read_text()
     table = list(csv.DictReader((tmp_path / "bench.csv").open()))
     assert {t["rero_bound"] != "" for t in table if t["family"] == "fed_cdp" and t["prior_only"] == "False"} == {True}
+
+
+def test_2dpfl_a_bundle_whose_dp_sgd_is_a_part_records_its_mechanism(tmp_path) -> None:
+    from lightning_fl.bench import Utility
+    from lightning_fl.bench.cell import dp_sgd_history
+    from lightning_fl.bench.experiment import fit_loop
+
+    dual = {"class_path": "lightning_fl.defences.DualDPFL"}
+    dual["init_args"] = {"target_epsilon": None, "noise_multiplier": 2.0}
+    spec = Utility("dual", 0).spec({**TINY, "defences": {"dual": {"defences": [dual]}}})
+    loop, _ = fit_loop(spec, tmp_path)
+    (sigma, q, steps), *_ = dp_sgd_history(loop)  # None before: the bundle itself is not a ClientDPSGD
+    assert sigma == 2.0 and 0 < q <= 1 and steps == TINY["loop"]["local_steps"]
