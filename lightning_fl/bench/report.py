@@ -333,7 +333,8 @@ def rank_note(rows: Sequence[Mapping[str, Any]], threat_model: str) -> str:
         )
     else:
         names = ", ".join(f"{r['attack']} ({r['success_rate_mean']:.2f})" for r in broken)
-        note = f"The undefended model is broken here (share of images at SSIM ≥ {bar}): {names}."
+        recovered = f"share of images recovered: SSIM ≥ {bar}, beyond colour and guess"
+        note = f"The undefended model is broken here ({recovered}): {names}."
     guess = _guessing(rows, threat_model)
     if guess is not None:
         note += (

@@ -106,7 +106,8 @@ def test_quick_preset_has_threat_models_with_a_batch_and_the_quickstart_utility_
     assert len(utilities(settings)) == len(settings["defences"])
     full = load_settings("configs/bench_digits.yaml")
     assert len(full["seeds"]) >= 3 and full["loop"] == settings["loop"]  # the same utility runs, more seeds
-    assert full["attacks"]["ig"]["init_args"]["max_iterations"] > settings["attacks"]["ig"]["init_args"]["max_iterations"]
+    budget = "max_iterations"
+    assert full["attacks"]["ig"]["init_args"][budget] > settings["attacks"]["ig"]["init_args"][budget]
 
 
 class _RecordingLoop:
@@ -215,7 +216,8 @@ def test_the_prior_only_baseline_is_a_row_that_reads_no_images_and_scores_at_gue
     assert cells["ig"]["success_rate"] == sum(expected) / len(expected)
     markdown = (tmp_path / "bench.md").read_text()
     assert "| none | prior_class (prior only) |" in markdown and "Guessing from public data" in markdown
-    assert "The undefended model is broken here (share of images at SSIM ≥ 0.5): ig (1.00)" in markdown
+    recovered = "share of images recovered: SSIM ≥ 0.5, beyond colour and guess"
+    assert f"The undefended model is broken here ({recovered}): ig (1.00)" in markdown
     guessing_passes = max(rows[n]["success_rate_mean"] for n in ("prior_mean", "prior_class")) > 0
     assert guessing_passes == ("does not tell an attack from a guess" in markdown)  # said whenever it happens
 
