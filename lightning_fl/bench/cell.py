@@ -229,12 +229,13 @@ def run_attacks(
     share = (time.process_time() - start) / len(specs)
     released = dp_sgd_history(loop)  # the attacked client's steps, each on a fixed batch that holds its target
     attacked = [[sigma, 1.0, steps] for sigma, _, steps in released] if released else None
+    entries = {name: [a for a in summary["attacks"] if a["attack"] == name] for name in specs}
     guessed = [name for leakage, name in zip(leakages, specs, strict=True) if _prior_only(leakage)]
-    guess = _best_guess([[a for a in summary["attacks"] if a["attack"] == name] for name in guessed])
+    guess = _best_guess([entries[name] for name in guessed])
     results = {}
     for leakage, (name, cell_spec) in zip(leakages, specs.items(), strict=True):
-        own = [a for a in summary["attacks"] if a["attack"] == name]
         reference = None if name in guessed else guess
+        own = entries[name]
         results[name] = {"status": leakage.error} if leakage.error else _scores(cell_spec, own, share, reference)
         results[name]["prior_only"] = _prior_only(leakage)
         results[name]["dp_sgd_attacked"] = attacked
