@@ -46,6 +46,10 @@ REPRODUCE := reproduce-bench reproduce-foundation reproduce-attacks reproduce-at
 .PHONY: $(REPRODUCE)
 OUT := runs/reproduce
 RUN = OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)
+RUN_USER_NET = OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR):$(CURDIR)/benchmarks
+# benchmarks/user_convnet.py importable: a user's own model given as --model user_convnet.UserConvNet
+CONVNET_IG = --model.init_args.backbone convnet --attack.init_args.tv_weight 4 --attack.init_args.bn_weight 0.1
+# configs/inverting_gradients_full.yaml with the prior weights measured best on the eight-layer ConvNet
 LOG = 2>&1 | tee $(OUT)/$@.txt
 BREACHING_PATH ?=
 
@@ -105,10 +109,22 @@ reproduce-attacks-2026:
 	  for s in shipped pixel_units leaked_bn full; do \
 	    $(RUN) $(BIN)/python benchmarks/ig_relu_convnet.py --setting $$s --tiles 0 80 240 || exit 1; done && \
 	  for seed in 0 1 2; do \
-	    $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml --seed_everything $$seed \
+	    $(RUN_USER_NET) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml \
+	      --model user_convnet.UserConvNet --seed_everything $$seed --attack.init_args.progress_bar false \
+	      --output_dir $(OUT)/ig_user_s$$seed || exit 1; done && \
+	  $(RUN_USER_NET) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml \
+	    --model user_convnet.UserConvNet --run.batches 1 --run.batch_size 8 --attack.init_args.progress_bar false \
+	    --output_dir $(OUT)/ig_user_b8 && \
+	  $(RUN_USER_NET) $(BIN)/lightning-fl fit -c configs/fit_convnet_photos.yaml \
+	    --model user_convnet.UserConvNet --loop.eval_metric test_accuracy --output_dir $(OUT)/fit_user_photos && \
+	  $(RUN_USER_NET) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml \
+	    --model user_convnet.UserConvNet --run.batches 8 --attack.init_args.progress_bar false \
+	    --ckpt_path $(OUT)/fit_user_photos/global_model.safetensors --output_dir $(OUT)/ig_user_trained && \
+	  for seed in 0 1 2; do \
+	    $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml $(CONVNET_IG) --seed_everything $$seed \
 	      --attack.init_args.progress_bar false --output_dir $(OUT)/ig_full_s$$seed || exit 1; done && \
 	  $(RUN) $(BIN)/lightning-fl fit -c configs/fit_convnet_photos.yaml --output_dir $(OUT)/fit_convnet_photos && \
-	  $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml --run.batches 2 \
+	  $(RUN) $(BIN)/lightning-fl attack -c configs/inverting_gradients_full.yaml $(CONVNET_IG) --run.batches 2 \
 	    --ckpt_path $(OUT)/fit_convnet_photos/global_model.safetensors --attack.init_args.progress_bar false \
 	    --output_dir $(OUT)/ig_full_trained; } $(LOG)
 

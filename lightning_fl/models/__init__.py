@@ -3,7 +3,7 @@ ImageClassifier."""
 
 from lightning_fl.models.cifar import AlexNetCIFAR, CifarResNet, resnet18, resnet20, resnet32, vgg16
 from lightning_fl.models.classifier import ImageClassifier
-from lightning_fl.models.convnet import ConvNet, conv_bn_small
+from lightning_fl.models.convnet import ConvNet, conv_bn_pool, conv_bn_small
 from lightning_fl.models.lenet import LeNet5, LeNetDLG
 from lightning_fl.models.mlp import MLP
 from lightning_fl.models.registry import BACKBONES, BackboneName, build_backbone
@@ -19,6 +19,7 @@ __all__ = [
     "LeNet5",
     "LeNetDLG",
     "build_backbone",
+    "conv_bn_pool",
     "conv_bn_small",
     "resnet18",
     "resnet20",

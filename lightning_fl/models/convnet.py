@@ -11,7 +11,7 @@ import itertools
 
 from torch import Tensor, nn
 
-__all__ = ["ConvNet", "conv_bn_small"]
+__all__ = ["ConvNet", "conv_bn_pool", "conv_bn_small"]
 
 
 class ConvNet(nn.Module):
@@ -50,6 +50,36 @@ class ConvNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.features(x).flatten(1))
+
+
+def conv_bn_pool(in_channels: int = 3, num_classes: int = 10, image_size: int = 32, width: int = 16) -> nn.Sequential:
+    """Two 3x3 convolution-BatchNorm-ReLU-2x2-max-pool blocks of ``width`` and ``3 * width // 2`` channels and a
+    linear classifier: the small ReLU + BatchNorm net a practitioner writes first (issue 30's victim), on which
+    ``configs/inverting_gradients_full.yaml``'s prior weights were chosen.
+
+    Raises:
+        ValueError: when ``width < 2`` or ``image_size`` is not a multiple of 4.
+
+    Example:
+        >>> import torch
+        >>> conv_bn_pool(3, 9, 32)(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 9])
+    """
+    if width < 2 or image_size % 4:
+        raise ValueError(f"conv_bn_pool(width={width}, image_size={image_size}): width >= 2, image_size % 4 == 0.")
+    wide = 3 * width // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, wide, 3, padding=1),
+        nn.BatchNorm2d(wide),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(wide * (image_size // 4) ** 2, num_classes),
+    )
 
 
 def conv_bn_small(in_channels: int = 1, num_classes: int = 10, image_size: int = 16) -> nn.Sequential:

@@ -8,7 +8,7 @@ from typing import Literal
 from torch import nn
 
 from lightning_fl.models.cifar import AlexNetCIFAR, resnet18, resnet20, resnet32, vgg16
-from lightning_fl.models.convnet import ConvNet, conv_bn_small
+from lightning_fl.models.convnet import ConvNet, conv_bn_pool, conv_bn_small
 from lightning_fl.models.lenet import LeNet5, LeNetDLG
 from lightning_fl.models.mlp import MLP
 
@@ -19,6 +19,7 @@ BackboneName = Literal[
     "convnet",
     "convnet_small",
     "conv_bn_small",
+    "conv_bn_pool",
     "lenet5",
     "mlp",
     "alexnet",
@@ -36,6 +37,7 @@ BACKBONES: dict[str, Callable[[int, int, int], nn.Module]] = {
     "convnet": lambda c, k, s: ConvNet(width=16, in_channels=c, num_classes=k, image_size=s),
     "convnet_small": lambda c, k, s: ConvNet(width=8, in_channels=c, num_classes=k, image_size=s),
     "conv_bn_small": lambda c, k, s: conv_bn_small(in_channels=c, num_classes=k, image_size=s),
+    "conv_bn_pool": lambda c, k, s: conv_bn_pool(in_channels=c, num_classes=k, image_size=s),
     "alexnet": lambda c, k, s: AlexNetCIFAR(in_channels=c, num_classes=k),
     "resnet18": lambda c, k, s: resnet18(in_channels=c, num_classes=k),
     "resnet18_cifar": lambda c, k, s: resnet18(in_channels=c, num_classes=k, cifar_stem=True),
