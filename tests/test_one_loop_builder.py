@@ -3,7 +3,8 @@
 The fit command and :func:`lightning_fl.bench.build_loop` (every bench run and benchmark script) go through the fit
 command's own parser and :func:`lightning_fl.cli_fit.assemble_loop`, so the same config gives the same model (its
 data options linked from the data, whatever the config says), defences, loop settings and random state; and
-``FederatedLoop(...)`` is called in one module outside ``federation/``.
+``FederatedLoop(...)`` is called in one module outside ``federation/``. Every ``class_path`` entry, of a fit config or
+not, is made by jsonargparse: no module calls a class it loaded from a class path itself.
 """
 
 from __future__ import annotations
@@ -109,3 +110,42 @@ def test_the_grep_finds_a_second_builder(tmp_path) -> None:
     assert _constructs_the_loop(extra)
     extra.write_text('"""FederatedLoop(model, data) in a docstring is no call."""\n')
     assert not _constructs_the_loop(extra)
+
+
+def _calls_a_loaded_class(path: Path) -> list[int]:
+    """Lines that call a class named by a class path themselves (``load_class(p)(...)``, or ``t = load_class(p)``
+    then ``t(...)``) instead of handing the entry to jsonargparse."""
+    tree = ast.parse(path.read_text())
+
+    def loads(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "load_class"
+
+    loaded = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and loads(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (loads(node.func) or (isinstance(node.func, ast.Name) and node.func.id in loaded))
+    ]
+
+
+def test_every_class_path_is_made_by_jsonargparse() -> None:
+    """One class_path builder: no module calls a class it loaded from a class path; ``lightning_fl.config.build``
+    and the fit command's parser hand every entry to jsonargparse."""
+    sources = [*sorted((ROOT / "lightning_fl").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    offenders = {str(p.relative_to(ROOT)): lines for p in sources if (lines := _calls_a_loaded_class(p))}
+    assert offenders == {}
+
+
+def test_the_class_path_check_finds_a_hand_made_entry(tmp_path) -> None:
+    source = tmp_path / "builder.py"
+    source.write_text("kind = load_class(entry['class_path'])\nobj = kind(**entry['init_args'])\n")
+    assert _calls_a_loaded_class(source) == [2]
+    source.write_text("obj = load_class(path)(x=1)\nsig = inspect.signature(load_class(path))\n")
+    assert _calls_a_loaded_class(source) == [1]
