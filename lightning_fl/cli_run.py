@@ -23,6 +23,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
+from lightning_fl.cli_fit import assemble_loop, instantiate_config
 from lightning_fl.cli_lists import parse_with_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
 from lightning_fl.cli_schema import config_files, store_schema
@@ -37,7 +38,6 @@ from lightning_fl.cli_signals import (
 from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
-from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.federation.model_contract import check_model_takes_inputs, check_train_loss_key
 from lightning_fl.federation.run_dir import check_run_dir, claim_run_dir, clear_run_dir, record_written
 from lightning_fl.federation.run_lock import RunLock, launched_rank
@@ -51,19 +51,10 @@ from lightning_fl.validation import (
     check_num_rounds,
     check_output_dir,
     check_resume,
-    check_seed,
     check_trainer_options,
 )
 
 __all__ = ["build_parser", "main"]
-
-
-def _instantiate(parser: ArgumentParser, cfg: Namespace) -> Namespace:
-    """Build data first (so links can read it), then everything else, seeded."""
-    check_seed(cfg.seed_everything)
-    L.seed_everything(cfg.seed_everything, verbose=False)
-    cfg.data.seed = cfg.data.seed if cfg.data.seed else cfg.seed_everything
-    return parser.instantiate(cfg)
 
 
 def _check_fit(cfg: Namespace, init: Namespace) -> None:
@@ -108,21 +99,13 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     output_dir, rank = Path(cfg.output_dir), launched_rank()  # a DDP rank shares its launcher's directory
     if not rank:
         check_run_dir(output_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-    init = _instantiate(parser, cfg)
+    init = instantiate_config(parser, cfg)
     _check_fit(cfg, init)
     links = data_links(cfg.model.get("init_args"), init.data)
     overridden = [f"model.init_args.{k}={new!r} (instead of {old!r})" for k, (old, new) in links.items() if old != new]
     if overridden and not rank:
         print(f"taken from the data: {', '.join(overridden)}")
-    loop = FederatedLoop(
-        init.model,
-        init.data,
-        defences=init.defences,
-        server_plugins=init.server_plugins,
-        output_dir=output_dir,
-        seed=cfg.seed_everything,
-        **vars(init.loop),
-    )
+    loop = assemble_loop(cfg, init, output_dir)
     check_resume(cfg.resume, loop.checkpoint.manifest_path)
     check_workers(
         loop.workers,
@@ -183,7 +166,7 @@ def _prepare_attack(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict
     check_output_dir(cfg.output_dir)
     output_dir = Path(cfg.output_dir)
     check_run_dir(output_dir, resume=False, overwrite=cfg.overwrite, can_resume=False)
-    init = _instantiate(parser, cfg)
+    init = instantiate_config(parser, cfg)
     apply_server_plugins(init.model, init.server_plugins, data=init.data)
     apply_defences(init.model, init.defences, data=init.data)
     if cfg.ckpt_path is not None:  # a trained global model: the defended model's public keys are what fit exported
@@ -256,7 +239,7 @@ def _prepare_evaluate(stage: str) -> Callable[[ArgumentParser, Namespace], Calla
         from lightning_fl.federation.evaluation import mean_over_clients, trained_clients
         from lightning_fl.trainers import build_trainer, trainer_options
 
-        init = _instantiate(parser, cfg)
+        init = instantiate_config(parser, cfg)
         # the defended model's public keys are what fit exported
         apply_server_plugins(init.model, init.server_plugins, data=init.data)  # the model the server shipped,
         apply_defences(init.model, init.defences, data=init.data)  # defended: the keys that fit exported

@@ -1,7 +1,8 @@
 """Objects from configuration data: ``{class_path, init_args}`` mappings, as every lightning-fl YAML writes them.
 
-The command line builds its objects with jsonargparse; what reads a YAML without it (the bench grid, its worker
-processes, the benchmark scripts) builds them with :func:`build`, the one builder outside it.
+A fit config's parts are built by the fit command's parser (:mod:`lightning_fl.cli_fit`); what is not part of one
+(the bench's attacks, the benchmark scripts' own parts) is built by :func:`build`, which hands each entry to
+jsonargparse too, so every ``class_path`` of every config is checked and made the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def build(value: Any) -> Any:
     """Instantiate ``class_path``/``init_args`` mappings, recursively (lists and nested arguments too); anything
     else is returned as it is.
 
+    Each entry is built as the command's parser builds it: jsonargparse checks ``init_args`` against the class's
+    signature and makes the object (:func:`_instantiate`); nested entries are built first, by this function.
+
+    Raises:
+        ValueError: one line naming the class path and the key when a class path does not import or the class
+            refuses its ``init_args``.
+
     Example:
         >>> build([{"class_path": "fractions.Fraction", "init_args": {"numerator": 3, "denominator": 6}}, 2])
         [Fraction(1, 2), 2]
@@ -43,7 +51,24 @@ def build(value: Any) -> Any:
     if isinstance(value, list):
         return [build(v) for v in value]
     if isinstance(value, Mapping) and "class_path" in value:
-        return load_class(value["class_path"])(**{k: build(v) for k, v in (value.get("init_args") or {}).items()})
+        init_args = {k: build(v) for k, v in (value.get("init_args") or {}).items()}
+        return _instantiate(value["class_path"], init_args)
     if isinstance(value, Mapping):
         return {k: build(v) for k, v in value.items()}
     return value
+
+
+def _instantiate(class_path: str, init_args: Mapping[str, Any]) -> Any:
+    """``class_path(**init_args)`` made by jsonargparse, the builder of every ``lightning-fl`` config."""
+    from jsonargparse import ArgumentError, ArgumentParser
+
+    from lightning_fl.cli_errors import one_line
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--entry", type=load_class(class_path))
+    try:
+        return parser.instantiate(
+            parser.parse_object({"entry": {"class_path": class_path, "init_args": init_args}})
+        ).entry
+    except ArgumentError as err:
+        raise ValueError(f"class_path {class_path!r}: {one_line(err).removeprefix('entry.')}") from None

@@ -162,15 +162,15 @@ def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
     """The cell's attack, named after its bench key so that two settings of one attack class stay apart."""
     from lightning_fl.config import build, load_class
 
-    attack_type = load_class(spec["attack"]["class_path"])
-    accepted = inspect.signature(attack_type).parameters
-    init_args = build(spec["attack"].get("init_args") or {})
+    class_path = spec["attack"]["class_path"]
+    accepted = inspect.signature(load_class(class_path)).parameters
+    init_args = dict(spec["attack"].get("init_args") or {})
     init_args.update(
         {k: v for k, v in (("seed", seed), ("progress_bar", False)) if k in accepted and k not in init_args}
     )
     if "public_data" in accepted and "public_data" not in init_args:  # the attacker's own data: the test split
         init_args["public_data"] = public_data(spec)
-    attack = attack_type(**init_args)
+    attack = build({"class_path": class_path, "init_args": init_args})
     attack.name = name
     return attack
 

@@ -1,15 +1,14 @@
-"""One federated experiment from plain settings: the builder every bench run and benchmark script shares.
+"""One federated experiment from plain settings: the spec every bench run and benchmark script builds its run from.
 
 A spec holds the parts of a ``lightning-fl fit`` config as plain data (``data``, ``model``, ``loop``,
-``defences``, ``server_plugins``, ``client_callbacks``, ``seed``); :func:`build_loop` turns it into a
-:class:`FederatedLoop` the way the command does (seed first, data built and linked into the model's data options,
-the server plug-ins and defences applied by the loop), so a run built here trains exactly as ``lightning-fl fit``
-with the same settings.
+``defences``, ``server_plugins``, ``client_callbacks``, ``seed``); :func:`build_loop` turns it into that fit config
+(:func:`fit_config`) and builds its :class:`FederatedLoop` with the fit command's own parser and builder
+(:func:`lightning_fl.cli_fit.build_fit_loop`), so a run built here trains exactly as ``lightning-fl fit`` with the
+same settings.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 import tempfile
 import warnings
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_fl.bench.grid import read_mapping
-from lightning_fl.config import build, load_class
 
 if TYPE_CHECKING:
     from lightning_fl.callbacks.base import FederatedCallback
@@ -27,17 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_loop",
-    "data_options",
+    "data_config",
+    "fit_config",
     "fit_config_spec",
     "fit_loop",
-    "fit_loop_options",
     "fit_spec",
     "recorded_warnings",
     "scratch_loop",
 ]
-
-_DATA_LINKS = ("num_classes", "in_channels", "image_size", "input_mean", "input_std")
-"""The data options the command links into a model's ``init_args`` (when the model accepts them)."""
 
 _CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 """A dotted Python name (``my_project.data.DigitsDataModule``): how a ``data.dataset`` string names a class."""
@@ -53,99 +48,70 @@ def build_loop(
     checkpoint: bool = False,
     progress_bar: bool = False,
 ) -> FederatedLoop:
-    """The federated run of ``spec``, built as ``lightning-fl fit`` builds it; nothing is written yet.
+    """The federated run of ``spec``, built by ``lightning-fl fit``'s builder from :func:`fit_config`; nothing is
+    written yet.
 
     Args:
         spec: ``data`` (:class:`~lightning_fl.datamodules.FederatedDataModule` options), ``model``
             (``class_path``/``init_args``), ``loop`` (:class:`FederatedLoop` options), ``defences``,
-            ``server_plugins`` and ``client_callbacks`` (lists of ``class_path``/``init_args``), ``seed``.
+            ``server_plugins`` and ``client_callbacks`` (lists of ``class_path``/``init_args`` or built objects),
+            ``seed``.
         output_dir: the run directory.
         callbacks: federated callbacks added to the loop's own (attacks).
         checkpoint: write a checkpoint after every round.
         progress_bar: show the rounds' progress bar.
 
     Raises:
-        ValueError: from any part that rejects its settings (the message names the key).
+        ValueError: from any part that rejects its settings (one line naming the key).
     """
-    import lightning as L
+    from lightning_fl.cli_fit import build_fit_loop
 
-    from lightning_fl.datamodules import FederatedDataModule
-    from lightning_fl.federation import FederatedLoop
-
-    seed = int(spec["seed"])
-    L.seed_everything(seed, verbose=False)
-    data = FederatedDataModule(**{"seed": seed, **data_options(spec["data"])})
-    model_type = load_class(spec["model"]["class_path"])
-    accepted = inspect.signature(model_type).parameters
-    links = {k: v for k, v in data.model_options.items() if k in _DATA_LINKS and k in accepted}
-    model = model_type(**{**links, **build(spec["model"].get("init_args") or {})})
-    loop_options = fit_loop_options(spec["loop"])
-    return FederatedLoop(
-        model,
-        data,
-        defences=build(list(spec.get("defences") or [])),
-        server_plugins=build(list(spec.get("server_plugins") or [])),
-        callbacks=[*loop_options.pop("callbacks", []), *callbacks],
-        client_callbacks=[*loop_options.pop("client_callbacks", []), *build(list(spec.get("client_callbacks") or []))],
-        output_dir=output_dir,
-        seed=seed,
-        checkpoint=checkpoint,
-        progress_bar=progress_bar,
-        **loop_options,
-    )
+    config = fit_config(spec)
+    return build_fit_loop(config, output_dir, callbacks=callbacks, checkpoint=checkpoint, progress_bar=progress_bar)
 
 
-def data_options(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`~lightning_fl.datamodules.FederatedDataModule` options of a ``data`` section, its ``dataset``
-    built as ``lightning-fl fit`` builds it.
-
-    A ``class_path``/``init_args`` mapping (``dataset`` or ``test_dataset``) becomes an instance; so does a
-    ``dataset`` string that names no dataset or folder but a class (``my_project.DigitsDataModule``), made with its
-    default arguments. A dataset name or an ImageFolder path stays a string.
-
-    Raises:
-        ValueError: naming ``data.dataset`` when it reads as a class path (``a.b.C``) that does not import.
+def fit_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``lightning-fl fit`` config of a spec: ``seed`` becomes ``seed_everything``, the spec's
+    ``client_callbacks`` go after ``loop.client_callbacks``, ``data`` is read by :func:`data_config`.
 
     Example:
-        >>> type(data_options({"dataset": "torch.utils.data.TensorDataset"})["dataset"]).__name__
-        'TensorDataset'
-        >>> data_options({"dataset": "digits", "num_clients": 4})
+        >>> fit_config({"seed": 1, "data": {}, "model": {"class_path": "m.M"}, "loop": {"num_rounds": 2}})
+        {'seed_everything': 1, 'data': {}, 'model': {'class_path': 'm.M'}, 'loop': {'num_rounds': 2}, \
+'defences': [], 'server_plugins': []}
+    """
+    loop = dict(spec["loop"] or {})
+    extra = list(spec.get("client_callbacks") or [])
+    if extra:
+        loop["client_callbacks"] = [*(loop.get("client_callbacks") or []), *extra]
+    return {
+        "seed_everything": int(spec["seed"]),
+        "data": data_config(spec["data"]),
+        "model": spec["model"],
+        "loop": loop,
+        "defences": list(spec.get("defences") or []),
+        "server_plugins": list(spec.get("server_plugins") or []),
+    }
+
+
+def data_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's ``data`` section as the fit command reads it: a ``dataset`` string that names no dataset or folder
+    but a class (``my_project.DigitsDataModule``) becomes ``{"class_path": ...}`` (made with its default arguments).
+    A dataset name, an ImageFolder path, a ``class_path`` mapping and a built data set stay as they are.
+
+    Example:
+        >>> data_config({"dataset": "torch.utils.data.TensorDataset"})
+        {'dataset': {'class_path': 'torch.utils.data.TensorDataset'}}
+        >>> data_config({"dataset": "digits", "num_clients": 4})
         {'dataset': 'digits', 'num_clients': 4}
     """
     from lightning_fl.datamodules.datasets import OFFLINE_DATASETS, TORCHVISION_DATASETS
 
-    options = build(dict(data))
+    options = dict(data)
     dataset = options.get("dataset")
     named = isinstance(dataset, str) and (dataset in OFFLINE_DATASETS + TORCHVISION_DATASETS or Path(dataset).exists())
     if isinstance(dataset, str) and not named and _CLASS_PATH.fullmatch(dataset):
-        try:
-            options["dataset"] = load_class(dataset)()
-        except ValueError as err:
-            raise ValueError(
-                f"data.dataset={dataset!r} is no known dataset or folder, and as a class path: {err}"
-            ) from None
+        options["dataset"] = {"class_path": dataset}
     return options
-
-
-FIT_COMMAND_LOOP_DEFAULTS: dict[str, Any] = {"vectorize": "auto"}
-"""Where ``lightning-fl fit``'s ``loop:`` defaults differ from :class:`FederatedLoop`'s: the command stacks plain
-clients where it pays (the quickstart's history equals the one-by-one fit's to 6e-7 in loss and exactly in accuracy;
-docs/performance.md, "Vectorised clients"). The command's parser sets them as its defaults and
-:func:`fit_loop_options` puts them under every spec's ``loop``, so a bench run or a fit config read as a spec trains
-as the command does."""
-
-
-def fit_loop_options(loop: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`FederatedLoop` options of a spec's ``loop`` section as ``lightning-fl fit`` sets them: the command's
-    defaults (:data:`FIT_COMMAND_LOOP_DEFAULTS`), then the section's keys, ``class_path`` entries built.
-
-    Example:
-        >>> fit_loop_options({"num_rounds": 2})
-        {'vectorize': 'auto', 'num_rounds': 2}
-        >>> fit_loop_options({"vectorize": False})
-        {'vectorize': False}
-    """
-    return build({**FIT_COMMAND_LOOP_DEFAULTS, **loop})
 
 
 def fit_config_spec(path: str | Path, **overrides: Any) -> dict[str, Any]:

@@ -46,8 +46,9 @@ def test_bench_runs_a_user_datamodule_from_yaml_with_a_selection_and_run_bench_g
     assert _table(tmp_path / "python") == _table(tmp_path / "command")
 
 
-def test_a_dataset_class_path_that_does_not_import_names_the_key() -> None:
-    from lightning_fl.bench.experiment import data_options
+def test_a_dataset_class_path_that_does_not_import_names_the_key(tmp_path) -> None:
+    from lightning_fl.bench import build_loop
 
-    with pytest.raises(ValueError, match=r"data.dataset='tests.user_project.NoSuchData' is no known dataset or folder"):
-        data_options({"dataset": "tests.user_project.NoSuchData"})
+    spec = {"seed": 0, "data": {"dataset": "tests.user_project.NoSuchData"}, "model": MINI["model"], "loop": {}}
+    with pytest.raises(ValueError, match=r"^data.dataset \(class_path 'tests.user_project.NoSuchData'\): "):
+        build_loop(spec, tmp_path)

@@ -58,28 +58,3 @@ def test_a_scratch_loop_trains_as_fit_spec_and_leaves_no_directory_nor_warning(t
     assert not recorded.parent.exists()
     assert not [w for w in shown if "a warning of the run" in str(w.message)]
     assert history == fit_spec(spec, tmp_path / "spec")["history"]
-
-
-def _changed(options: dict, defaults: dict) -> dict:
-    """The options that differ from :class:`FederatedLoop`'s own defaults (an empty list is its empty tuple)."""
-    same = {key: list(value) if isinstance(value, tuple) else value for key, value in defaults.items()}
-    return {key: value for key, value in options.items() if key not in same or value != same[key]}
-
-
-def test_a_bench_utility_run_gets_the_loop_settings_of_the_equivalent_fit_config() -> None:
-    import inspect
-
-    from lightning_fl.bench.experiment import fit_loop_options
-    from lightning_fl.bench.grid import Utility, load_settings
-    from lightning_fl.cli_parsers import SUBCOMMANDS
-    from lightning_fl.federation import FederatedLoop
-
-    settings = load_settings(Path(__file__).parents[2] / "configs" / "bench_digits.yaml")
-    spec = Utility("none", 0).spec(settings)
-    fit_config = {"seed_everything": 0, **{key: spec[key] for key in ("data", "model", "loop", "defences")}}
-    command = SUBCOMMANDS["fit"]().parse_object(fit_config).loop.as_dict()  # what `lightning-fl fit` trains with
-    parameters = inspect.signature(FederatedLoop).parameters.items()
-    defaults = {k: p.default for k, p in parameters if p.default is not p.empty}
-    bench = fit_loop_options(spec["loop"])  # what the bench's builder (build_loop) trains with
-    assert _changed(bench, defaults) == _changed(command, defaults)
-    assert bench["vectorize"] == command["vectorize"] == "auto"
