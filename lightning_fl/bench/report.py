@@ -736,25 +736,28 @@ def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = 
 
 
 def leakage_by_round(
-    rows: Sequence[Mapping[str, Any]], threat_model: str
+    rows: Sequence[Mapping[str, Any]], threat_model: str, *, guess: bool = False
 ) -> dict[str, list[tuple[int, float, float, float]]]:
     """Per defence, the strongest attack's SSIM at each attacked round under ``threat_model``: ``(round, mean, low,
     high)`` with the 95 % bootstrap interval over the round's images; only defences attacked at two rounds or more.
 
-    The strongest attack is the one with the highest mean SSIM over all rounds (prior-only rows excluded).
+    The strongest attack is the one with the highest mean SSIM over all rounds among the attacks (``guess``: among
+    the prior-only guesses, the level an attack is read against; docs/bench.md, "Reading the tables").
 
     Example:
         >>> row = {"defence": "none", "threat_model": "t", "attack": "ig", "ssim_mean": 0.5,
         ...        "by_round": {0: [0.9, 0.9], 24: [0.2, 0.2]}}
         >>> [(r, round(m, 2)) for r, m, _, _ in leakage_by_round([row], "t")["none"]]
         [(0, 0.9), (24, 0.2)]
+        >>> leakage_by_round([row], "t", guess=True)
+        {}
     """
     from lightning_fl.attacks.metrics import bootstrap_interval
 
     lines = {}
     for defence in dict.fromkeys(r["defence"] for r in rows):
         scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
-        scored = [r for r in scored if not r.get("prior_only") and len(r.get("by_round") or {}) > 1]
+        scored = [r for r in scored if bool(r.get("prior_only")) == guess and len(r.get("by_round") or {}) > 1]
         if scored:
             best = max(scored, key=lambda r: r.get("ssim_mean") or 0.0)
             points = [(k, v) for k, v in best["by_round"].items() if v]
@@ -765,7 +768,8 @@ def leakage_by_round(
 def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
     """Attack SSIM against the training round (``leakage_by_round.png``), one panel per threat model that attacks
     two rounds or more (a ``protocol: utility`` threat model: the utility run's own updates), one line per defence
-    (:func:`leakage_by_round`, band: 95 % interval over images); ``None`` when no threat model does."""
+    (:func:`leakage_by_round`, band: 95 % interval over images) and, dotted in its colour, the defence's prior-only
+    guess on the same images (bars: its 95 % interval); ``None`` when no threat model does."""
     threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if leakage_by_round(rows, t)]
     if not threat_models:
         return None
@@ -773,6 +777,7 @@ def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, tit
     families = list(dict.fromkeys(_family(r) for r in rows))
     for ax, threat_model in zip(axes, threat_models, strict=True):
         drawn: list[str] = []  # a family's strengths: one colour, one line style each
+        guesses = leakage_by_round(rows, threat_model, guess=True)
         for defence, points in leakage_by_round(rows, threat_model).items():
             row = next(r for r in rows if r["defence"] == defence)
             colour = _CURVE_COLOURS[families.index(_family(row)) % len(_CURVE_COLOURS)]
@@ -781,6 +786,25 @@ def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, tit
             rounds, means, lows, highs = zip(*points, strict=True)
             ax.plot(rounds, means, marker="o", linestyle=style, color=colour, label=defence, lw=1.2, ms=4)
             ax.fill_between(rounds, lows, highs, color=colour, alpha=0.12)
+            guessed = guesses.get(defence)
+            if guessed:  # the prior-only guess on the same images: an attack under it recovered nothing
+                rounds, means, lows, highs = zip(*guessed, strict=True)
+                ax.errorbar(
+                    rounds,
+                    means,
+                    yerr=[
+                        [m - lo for m, lo in zip(means, lows, strict=True)],
+                        [h - m for m, h in zip(means, highs, strict=True)],
+                    ],
+                    marker="x",
+                    linestyle=":",
+                    color=colour,
+                    label=f"{defence}: guess (prior only)",
+                    lw=1.0,
+                    ms=5,
+                    capsize=2,
+                    alpha=0.8,
+                )
         bar = _success_bar(rows)
         if bar is not None:
             ax.axhline(bar, color="tab:red", linestyle="--", lw=1.2, label=f"success bar: SSIM ≥ {bar:g}")

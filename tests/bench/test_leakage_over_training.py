@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lightning_fl.bench import Cell, load_settings, run_bench
-from lightning_fl.bench.report import leakage_by_round
+from lightning_fl.bench import Cell, load_settings, report, run_bench
+from lightning_fl.bench.report import leakage_by_round, write_leakage_by_round
 from tests.bench.test_strength_axis import TINY
 
 _OVER_TRAINING = {"leak_point": "client_update", "protocol": "utility", "max_images": 8}
@@ -38,6 +38,39 @@ def test_the_utility_protocol_attacks_the_utility_runs_own_updates_at_its_first_
     assert set(lines) == {"none", "pruning"} and [p[0] for p in lines["none"]] == [0, 1, 2]
     assert all(low <= mean <= high for _, mean, low, high in lines["none"])
     assert (tmp_path / "leakage_by_round.png").exists()
+
+
+def _row(defence: str, attack: str, by_round: dict[int, list[float]], *, prior_only: bool = False) -> dict:
+    scores = [v for values in by_round.values() for v in values]
+    return {
+        "defence": defence,
+        "family": defence,
+        "attack": attack,
+        "threat_model": "t",
+        "prior_only": prior_only,
+        "ssim_mean": sum(scores) / len(scores),
+        "by_round": by_round,
+        "success_ssim": 0.5,
+    }
+
+
+def test_the_round_plot_draws_each_defences_guess_beside_its_strongest_attack(tmp_path, monkeypatch) -> None:
+    rows = [
+        _row("none", "ig", {0: [0.8, 0.7, 0.9], 24: [0.1, 0.2, 0.15]}),
+        _row("none", "dlg", {0: [0.1, 0.1, 0.1], 24: [0.0, 0.0, 0.1]}),
+        _row("none", "prior_mean", {0: [0.3, 0.3, 0.4], 24: [0.35, 0.3, 0.3]}, prior_only=True),
+        _row("pruning", "ig", {0: [0.2, 0.3, 0.25], 24: [0.1, 0.1, 0.1]}),
+    ]
+    attack, guess = leakage_by_round(rows, "t"), leakage_by_round(rows, "t", guess=True)
+    assert [round(m, 2) for _, m, _, _ in attack["none"]] == [0.8, 0.15]  # IG, not DLG, nor the guess
+    assert set(guess) == {"none"} and [round(m, 2) for _, m, _, _ in guess["none"]] == [0.33, 0.32]
+    figures = []
+    figure = report._figure
+    monkeypatch.setattr(report, "_figure", lambda *a: figures.append(figure(*a)) or figures[-1])
+    assert write_leakage_by_round(rows, tmp_path / "rounds.png") == tmp_path / "rounds.png"
+    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert "none: guess (prior only)" in labels and "pruning: guess (prior only)" not in labels  # none has one
+    assert (tmp_path / "rounds.png").stat().st_size > 0
 
 
 def test_the_digits_preset_has_a_leakage_over_training_threat_model() -> None:
