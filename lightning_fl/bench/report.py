@@ -355,8 +355,8 @@ def write_markdown(
     rows: Sequence[Mapping[str, Any]], path: Path, *, command: str, epsilon_bound: float, title: str = ""
 ) -> Path:
     """``bench.md``: the utility of each defence (mean ± std over seeds), then one attack table per threat model
-    (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note`, with the
-    command that made them."""
+    (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note` and followed
+    by its ReRo bounds and its by-round table where it has them, with the command that made them."""
     lines = [f"Made by `{command}`" + (f" ({title})." if title else "."), ""]
     lines += ["| defence | strength | test acc. | ε | rounds |", "|---|---|---|---|---|"]
     for defence in dict.fromkeys(r["defence"] for r in rows):
@@ -389,6 +389,7 @@ def write_markdown(
                 + " |"
             )
         lines += _bound_lines(rows, threat_model)
+        lines += _round_lines(rows, threat_model)
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
@@ -756,13 +757,48 @@ def leakage_by_round(
 
     lines = {}
     for defence in dict.fromkeys(r["defence"] for r in rows):
-        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
-        scored = [r for r in scored if bool(r.get("prior_only")) == guess and len(r.get("by_round") or {}) > 1]
-        if scored:
-            best = max(scored, key=lambda r: r.get("ssim_mean") or 0.0)
+        best = _round_row(rows, defence, threat_model, guess=guess)
+        if best is not None:
             points = [(k, v) for k, v in best["by_round"].items() if v]
             lines[defence] = [(k, *bootstrap_interval(v, resamples=_RESAMPLES)) for k, v in points]
     return lines
+
+
+def _round_row(
+    rows: Sequence[Mapping[str, Any]], defence: str, threat_model: str, *, guess: bool
+) -> Mapping[str, Any] | None:
+    """A defence's row that :func:`leakage_by_round` draws: among its rows attacked at two rounds or more, the attack
+    (``guess``: the prior-only guess) with the highest mean SSIM; ``None`` without one."""
+    scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+    scored = [r for r in scored if bool(r.get("prior_only")) == guess and len(r.get("by_round") or {}) > 1]
+    return max(scored, key=lambda r: r.get("ssim_mean") or 0.0) if scored else None
+
+
+def _round_lines(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
+    """The by-round table of a threat model attacked at two rounds or more (what ``leakage_by_round.png`` draws):
+    per defence, its strongest attack's and its best guess's SSIM at each round, mean [95 % interval] (n images)."""
+    lines = {guess: leakage_by_round(rows, threat_model, guess=guess) for guess in (False, True)}
+    rounds = sorted({k for drawn in lines.values() for points in drawn.values() for k, *_ in points})
+    if not rounds:
+        return []
+    table = [
+        "",
+        "SSIM by training round (the strongest attack, then the best prior-only guess on the same images): mean "
+        "[95 % interval over the images]:",
+        "",
+        "| defence | attack | " + " | ".join(f"round {k}" for k in rounds) + " |",
+        "|---|---|" + "---|" * len(rounds),
+    ]
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        for guess in (False, True):
+            row, points = _round_row(rows, defence, threat_model, guess=guess), lines[guess].get(defence)
+            if row is None or not points:
+                continue
+            at = {k: f"{m:.3f} [{lo:.3f}, {hi:.3f}] ({len(row['by_round'][k])})" for k, m, lo, hi in points}
+            cells = " | ".join(at.get(k, "–") for k in rounds)
+            label = f"{row['attack']} (guess)" if guess else row["attack"]
+            table.append(f"| {defence} | {label} | {cells} |")
+    return table
 
 
 def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:

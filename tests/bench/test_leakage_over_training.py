@@ -71,6 +71,11 @@ def test_the_round_plot_draws_each_defences_guess_beside_its_strongest_attack(tm
     labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert "none: guess (prior only)" in labels and "pruning: guess (prior only)" not in labels  # none has one
     assert (tmp_path / "rounds.png").stat().st_size > 0
+    table = report._round_lines(rows, "t")  # what bench.md prints under the threat model's table
+    assert table[3] == "| defence | attack | round 0 | round 24 |"
+    assert table[5].startswith("| none | ig | 0.800 [") and table[5].endswith("(3) |")
+    assert table[6].startswith("| none | prior_mean (guess) | 0.333 [") and table[7].startswith("| pruning | ig |")
+    assert report._round_lines([{**r, "by_round": {0: [0.5]}} for r in rows], "t") == []  # one round: no table
 
 
 def test_the_digits_preset_has_a_leakage_over_training_threat_model() -> None:
@@ -88,3 +93,18 @@ def test_a_bad_protocol_or_attack_list_is_refused(tmp_path, threat, match) -> No
     config.write_text(json.dumps({**TINY, "threat_models": {"t": {"leak_point": "client_update", **threat}}}))
     with pytest.raises(ValueError, match=match):
         load_settings(config)
+
+
+def test_the_measured_rounds_preset_attacks_one_client_that_the_server_selects_at_every_attacked_round() -> None:
+    import torch
+
+    from lightning_fl.contexts import derive_seed
+    from lightning_fl.server.selection import uniform_sample
+
+    settings = load_settings("configs/bench_digits_rounds.yaml")
+    assert list(settings["threat_models"]) == ["utility_rounds"] and settings["seeds"] == [0]
+    spec = Cell("none", "ig", "utility_rounds", 0).spec(settings)
+    assert spec["clients"] == [6] and spec["attack_rounds"] == [0, 12, 24] and spec["loop"]["local_epochs"] == 3
+    for round_idx in spec["attack_rounds"]:  # the loop's uniform selection, seeded per round
+        generator = torch.Generator().manual_seed(derive_seed(0, round_idx, "select"))
+        assert 6 in uniform_sample(10, spec["loop"]["clients_per_round"], generator)
