@@ -114,8 +114,9 @@ def label_counts(
 
 def counts_to_labels(counts: Tensor, *, num_images: int, least: Tensor | None = None) -> Tensor:
     """Round real-valued counts to ``num_images`` labels: the floors of the counts (at least ``least``, at least 0),
-    then one more for the largest remainders, or, when the floors overshoot, one less for the smallest ones.
-    Least counts that add up to more than ``num_images`` (a noised gradient) are ignored.
+    then one more for the largest remainders (cycling over the classes again while more are missing than there are
+    classes: counts far off, as on a trained model's update of many images), or, when the floors overshoot, one less
+    for the smallest ones. Least counts that add up to more than ``num_images`` (a noised gradient) are ignored.
 
     Example:
         >>> counts_to_labels(torch.tensor([1.8, -0.1, 1.3, 0.4]), num_images=4)
@@ -124,6 +125,8 @@ def counts_to_labels(counts: Tensor, *, num_images: int, least: Tensor | None = 
         tensor([0, 0, 1, 2])
         >>> counts_to_labels(torch.tensor([9.0, -3.0]), num_images=1, least=torch.tensor([5, 0]))
         tensor([0])
+        >>> counts_to_labels(torch.tensor([0.5, 0.2]), num_images=5)
+        tensor([0, 0, 0, 1, 1])
     """
     counts = counts.double()
     least = torch.zeros_like(counts) if least is None else least.double()
@@ -133,7 +136,8 @@ def counts_to_labels(counts: Tensor, *, num_images: int, least: Tensor | None = 
     remainder = counts - whole
     missing = num_images - int(whole.sum())
     if missing > 0:
-        whole[remainder.argsort(descending=True)[:missing]] += 1
+        order = remainder.argsort(descending=True).repeat(missing // len(counts) + 1)[:missing]
+        whole += torch.bincount(order, minlength=len(counts)).double()
     for _ in range(-missing):
         whole[torch.where(whole > least, remainder, torch.inf).argmin()] -= 1
     return torch.repeat_interleave(torch.arange(len(counts)), whole.long())

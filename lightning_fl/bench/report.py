@@ -355,8 +355,8 @@ def write_markdown(
     rows: Sequence[Mapping[str, Any]], path: Path, *, command: str, epsilon_bound: float, title: str = ""
 ) -> Path:
     """``bench.md``: the utility of each defence (mean ± std over seeds), then one attack table per threat model
-    (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note`, with the
-    command that made them."""
+    (the mean and 95 % bootstrap interval over the attacked images), each opened by :func:`rank_note` and followed
+    by its ReRo bounds and its by-round table where it has them, with the command that made them."""
     lines = [f"Made by `{command}`" + (f" ({title})." if title else "."), ""]
     lines += ["| defence | strength | test acc. | ε | rounds |", "|---|---|---|---|---|"]
     for defence in dict.fromkeys(r["defence"] for r in rows):
@@ -389,6 +389,7 @@ def write_markdown(
                 + " |"
             )
         lines += _bound_lines(rows, threat_model)
+        lines += _round_lines(rows, threat_model)
     seeds = sorted({r["seeds"] for r in rows})
     lines += [
         "",
@@ -736,36 +737,75 @@ def write_bounds(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = 
 
 
 def leakage_by_round(
-    rows: Sequence[Mapping[str, Any]], threat_model: str
+    rows: Sequence[Mapping[str, Any]], threat_model: str, *, guess: bool = False
 ) -> dict[str, list[tuple[int, float, float, float]]]:
     """Per defence, the strongest attack's SSIM at each attacked round under ``threat_model``: ``(round, mean, low,
     high)`` with the 95 % bootstrap interval over the round's images; only defences attacked at two rounds or more.
 
-    The strongest attack is the one with the highest mean SSIM over all rounds (prior-only rows excluded).
+    The strongest attack is the one with the highest mean SSIM over all rounds among the attacks (``guess``: among
+    the prior-only guesses, the level an attack is read against; docs/bench.md, "Reading the tables").
 
     Example:
         >>> row = {"defence": "none", "threat_model": "t", "attack": "ig", "ssim_mean": 0.5,
         ...        "by_round": {0: [0.9, 0.9], 24: [0.2, 0.2]}}
         >>> [(r, round(m, 2)) for r, m, _, _ in leakage_by_round([row], "t")["none"]]
         [(0, 0.9), (24, 0.2)]
+        >>> leakage_by_round([row], "t", guess=True)
+        {}
     """
     from lightning_fl.attacks.metrics import bootstrap_interval
 
     lines = {}
     for defence in dict.fromkeys(r["defence"] for r in rows):
-        scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
-        scored = [r for r in scored if not r.get("prior_only") and len(r.get("by_round") or {}) > 1]
-        if scored:
-            best = max(scored, key=lambda r: r.get("ssim_mean") or 0.0)
+        best = _round_row(rows, defence, threat_model, guess=guess)
+        if best is not None:
             points = [(k, v) for k, v in best["by_round"].items() if v]
             lines[defence] = [(k, *bootstrap_interval(v, resamples=_RESAMPLES)) for k, v in points]
     return lines
 
 
+def _round_row(
+    rows: Sequence[Mapping[str, Any]], defence: str, threat_model: str, *, guess: bool
+) -> Mapping[str, Any] | None:
+    """A defence's row that :func:`leakage_by_round` draws: among its rows attacked at two rounds or more, the attack
+    (``guess``: the prior-only guess) with the highest mean SSIM; ``None`` without one."""
+    scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
+    scored = [r for r in scored if bool(r.get("prior_only")) == guess and len(r.get("by_round") or {}) > 1]
+    return max(scored, key=lambda r: r.get("ssim_mean") or 0.0) if scored else None
+
+
+def _round_lines(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
+    """The by-round table of a threat model attacked at two rounds or more (what ``leakage_by_round.png`` draws):
+    per defence, its strongest attack's and its best guess's SSIM at each round, mean [95 % interval] (n images)."""
+    lines = {guess: leakage_by_round(rows, threat_model, guess=guess) for guess in (False, True)}
+    rounds = sorted({k for drawn in lines.values() for points in drawn.values() for k, *_ in points})
+    if not rounds:
+        return []
+    table = [
+        "",
+        "SSIM by training round (the strongest attack, then the best prior-only guess on the same images): mean "
+        "[95 % interval over the images]:",
+        "",
+        "| defence | attack | " + " | ".join(f"round {k}" for k in rounds) + " |",
+        "|---|---|" + "---|" * len(rounds),
+    ]
+    for defence in dict.fromkeys(r["defence"] for r in rows):
+        for guess in (False, True):
+            row, points = _round_row(rows, defence, threat_model, guess=guess), lines[guess].get(defence)
+            if row is None or not points:
+                continue
+            at = {k: f"{m:.3f} [{lo:.3f}, {hi:.3f}] ({len(row['by_round'][k])})" for k, m, lo, hi in points}
+            cells = " | ".join(at.get(k, "–") for k in rounds)
+            label = f"{row['attack']} (guess)" if guess else row["attack"]
+            table.append(f"| {defence} | {label} | {cells} |")
+    return table
+
+
 def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path | None:
     """Attack SSIM against the training round (``leakage_by_round.png``), one panel per threat model that attacks
     two rounds or more (a ``protocol: utility`` threat model: the utility run's own updates), one line per defence
-    (:func:`leakage_by_round`, band: 95 % interval over images); ``None`` when no threat model does."""
+    (:func:`leakage_by_round`, band: 95 % interval over images) and, dotted in its colour, the defence's prior-only
+    guess on the same images (bars: its 95 % interval); ``None`` when no threat model does."""
     threat_models = [t for t in dict.fromkeys(r["threat_model"] for r in rows) if leakage_by_round(rows, t)]
     if not threat_models:
         return None
@@ -773,6 +813,7 @@ def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, tit
     families = list(dict.fromkeys(_family(r) for r in rows))
     for ax, threat_model in zip(axes, threat_models, strict=True):
         drawn: list[str] = []  # a family's strengths: one colour, one line style each
+        guesses = leakage_by_round(rows, threat_model, guess=True)
         for defence, points in leakage_by_round(rows, threat_model).items():
             row = next(r for r in rows if r["defence"] == defence)
             colour = _CURVE_COLOURS[families.index(_family(row)) % len(_CURVE_COLOURS)]
@@ -781,6 +822,25 @@ def write_leakage_by_round(rows: Sequence[Mapping[str, Any]], path: Path, *, tit
             rounds, means, lows, highs = zip(*points, strict=True)
             ax.plot(rounds, means, marker="o", linestyle=style, color=colour, label=defence, lw=1.2, ms=4)
             ax.fill_between(rounds, lows, highs, color=colour, alpha=0.12)
+            guessed = guesses.get(defence)
+            if guessed:  # the prior-only guess on the same images: an attack under it recovered nothing
+                rounds, means, lows, highs = zip(*guessed, strict=True)
+                ax.errorbar(
+                    rounds,
+                    means,
+                    yerr=[
+                        [m - lo for m, lo in zip(means, lows, strict=True)],
+                        [h - m for m, h in zip(means, highs, strict=True)],
+                    ],
+                    marker="x",
+                    linestyle=":",
+                    color=colour,
+                    label=f"{defence}: guess (prior only)",
+                    lw=1.0,
+                    ms=5,
+                    capsize=2,
+                    alpha=0.8,
+                )
         bar = _success_bar(rows)
         if bar is not None:
             ax.axhline(bar, color="tab:red", linestyle="--", lw=1.2, label=f"success bar: SSIM ≥ {bar:g}")

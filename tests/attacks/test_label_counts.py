@@ -42,3 +42,13 @@ def test_count_strategies_name_their_missing_inputs() -> None:
         infer_labels(torch.zeros(3, 4), num_images=2, strategy="bias_count")
     with pytest.raises(ValueError, match=r"'weight_count' needs dummy"):
         infer_labels(torch.zeros(3, 4), num_images=2, strategy="weight_count")
+
+
+def test_counts_far_below_the_batch_still_give_one_label_per_image() -> None:
+    # a trained model's update of a client's 65 images: the floors add up to 50, 15 short with only 10 classes
+    from lightning_fl.attacks.label_counts import counts_to_labels
+
+    counts = torch.tensor([9.9, 8.1, 7.5, 6.2, 5.05, 4.04, 3.03, 3.02, 3.01, 2.0])
+    labels = counts_to_labels(counts, num_images=65)
+    assert len(labels) == 65  # every class one more, then the 5 largest remainders one more again
+    assert torch.bincount(labels, minlength=10).tolist() == [11, 10, 9, 8, 7, 5, 4, 4, 4, 3]
