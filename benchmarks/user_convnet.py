@@ -32,16 +32,11 @@ class UserConvNet(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         wide = 3 * width // 2
-        self.features = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1),
-            nn.BatchNorm2d(width),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(width, wide, 3, padding=1),
-            nn.BatchNorm2d(wide),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
+        blocks = [
+            [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2)]
+            for cin, cout in ((3, width), (width, wide))
+        ]
+        self.features = nn.Sequential(*blocks[0], *blocks[1])
         self.classifier = nn.Linear(wide * 8 * 8, num_classes)  # 32x32 in, two 2x2 pools
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
