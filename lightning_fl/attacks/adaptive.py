@@ -140,6 +140,9 @@ class NoiseAwareAttack(GradientMatchingAttack):
         label_strategy: rule of :func:`~lightning_fl.attacks.labels.infer_labels`.
         init: starting images.
         layers: ``fnmatch`` patterns of matched parameters; ``None``: all.
+        bn_statistics: the BatchNorm statistics the attacker matches (see :class:`GradientMatchingAttack`); on a
+            BatchNorm net, those a FedSGD update leaks (``"auto"``), read through the same noise as the gradient.
+        bn_weight: weight of that BatchNorm prior (0 disables).
         consensus: return the mean of the restarts' best iterates (see :class:`GradientMatchingAttack`).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
@@ -151,6 +154,8 @@ class NoiseAwareAttack(GradientMatchingAttack):
         >>> attack = NoiseAwareAttack(noise="gaussian", noise_scale=0.01, prior_weight=10.0)
         >>> attack.gradient_distance().__name__, attack.tv_weight
         ('euclidean_distance', 0.002)
+        >>> NoiseAwareAttack(noise_scale=0.01, bn_statistics="auto", bn_weight=0.3).bn_statistics
+        'auto'
     """
 
     name = "noise_aware"
@@ -173,6 +178,8 @@ class NoiseAwareAttack(GradientMatchingAttack):
             "label_strategy": "bias_count",
             "init": "randn",
             "layers": None,
+            "bn_statistics": "none",
+            "bn_weight": 0.0,
             "consensus": False,
             "progress_bar": True,
             "seed": 0,
