@@ -32,7 +32,8 @@ _IG |= {"bn_weight": 0.0, "consensus": False, **_COMMON}
 _STG = {"max_iterations": 2000, "lr": 0.1, "restarts": 4, "bn_weight": 0.1, "group_weight": 0.01}
 _STG |= {"l2_weight": 1e-6, "tv_weight": 1e-4, "label_strategy": "yin", "consensus": False, **_COMMON}
 _NOISE = {"noise": "gaussian", "noise_scale": REQUIRED, "prior_weight": 300.0, "max_iterations": 4800, "lr": 0.1}
-_NOISE |= {"restarts": 8, "label_strategy": "bias_count", "init": "randn", "layers": None, "consensus": False}
+_NOISE |= {"restarts": 8, "label_strategy": "bias_count", "init": "randn", "layers": None, "bn_statistics": "none"}
+_NOISE |= {"bn_weight": 0.0, "consensus": False}
 _NOISE |= _COMMON
 _IG_STEPS = ("signed", "boxed", "lr_decay", "bn_statistics", "bn_weight")
 _PRIVATE = {"private": "secrets", "private_step": 0.1} | {k: v for k, v in _IG.items() if k not in _IG_STEPS}
@@ -49,7 +50,7 @@ PAPERS: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {
         _STG,
         {**_SIGNED_ADAM, "distance": "euclidean", "signed": False, "init": "randn", "bn_statistics": "running"},
     ),
-    NoiseAwareAttack: (_NOISE, {**_SIGNED_ADAM, "distance": "euclidean", "bn_weight": 0.0}),
+    NoiseAwareAttack: (_NOISE, {**_SIGNED_ADAM, "distance": "euclidean"}),
     PrivateUnknownsAttack: (_PRIVATE, {**_SIGNED_ADAM, "distance": "cosine", "bn_statistics": "none"}),
 }
 REQUIRED_ARGUMENTS = {NoiseAwareAttack: {"noise_scale": 0.01}}
