@@ -7,6 +7,7 @@ jsonargparse too, so every ``class_path`` of every config is checked and made th
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -60,15 +61,24 @@ def build(value: Any) -> Any:
 
 def _instantiate(class_path: str, init_args: Mapping[str, Any]) -> Any:
     """``class_path(**init_args)`` made by jsonargparse, the builder of every ``lightning-fl`` config."""
-    from jsonargparse import ArgumentError, ArgumentParser
+    from jsonargparse import ArgumentError
 
     from lightning_fl.cli_errors import one_line
 
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--entry", type=load_class(class_path))
+    parser = _entry_parser(class_path)
     try:
         return parser.instantiate(
             parser.parse_object({"entry": {"class_path": class_path, "init_args": init_args}})
         ).entry
     except ArgumentError as err:
         raise ValueError(f"class_path {class_path!r}: {one_line(err).removeprefix('entry.')}") from None
+
+
+@functools.cache
+def _entry_parser(class_path: str) -> Any:
+    """The parser of one ``class_path`` entry, built once per class (it holds no state between parses)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--entry", type=load_class(class_path))
+    return parser
