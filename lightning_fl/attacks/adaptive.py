@@ -274,7 +274,7 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
 
     name = "private_unknowns"
     preset = InvertingGradientsAttack.preset.derive(
-        pinned={"signed": True, "boxed": True, "lr_decay": True, "bn_statistics": "none", "bn_weight": 0.0},
+        pinned={"signed": True, "boxed": True, "lr_decay": True},
         defaults={"private": "secrets", "private_step": 0.1},
     )
 

@@ -65,13 +65,13 @@ def test_noise_aware_objective_recovers_more_than_inverting_gradients_under_nois
 
 
 def _private_view(
-    defence: object, *, train_steps: int = 0, image_seed: int = 0, key_seed: int = 7
+    defence: object, *, train_steps: int = 0, image_seed: int = 0, key_seed: int = 7, backbone: str = "lenet_dlg"
 ) -> tuple[ServerView, GroundTruth]:
     """One digit's gradient from a client whose private state the server's model does not hold: its own secrets
     (drawn by ``reset_private``) and, after ``train_steps`` SGD steps, its own trained private layers."""
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
     torch.manual_seed(0)
-    server = apply_defences(make_classifier(dm), [defence])
+    server = apply_defences(make_classifier(dm, backbone=backbone), [defence])
     client = copy.deepcopy(server)
     reset_private_state(client, generator=torch.Generator().manual_seed(key_seed))
     if train_steps:
@@ -134,6 +134,20 @@ def test_private_unknowns_leave_the_views_model_unchanged() -> None:
     PrivateUnknownsAttack(max_iterations=2, restarts=1, progress_bar=False).reconstruct(view)
     after = view.model.state_dict()
     assert sorted(after) == sorted(before) and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_private_unknowns_take_the_batch_norm_prior_through_the_unknown_keys() -> None:
+    """On a BatchNorm net the prior's statistics come from the same forward pass as the candidate's gradient, the
+    client's keys as unknowns included; a weight of 0 leaves it out."""
+    view, _ = _private_view(KeyLocks(key_length=16), backbone="conv_bn_pool")
+    images = [
+        PrivateUnknownsAttack(max_iterations=3, restarts=1, progress_bar=False, bn_statistics="auto", bn_weight=weight)
+        .reconstruct(view)
+        .images
+        for weight in (0.0, 0.3)
+    ]
+    assert images[0].shape == images[1].shape == (1, 1, 16, 16)
+    assert not torch.allclose(images[0], images[1])
 
 
 def test_adaptive_attacks_reject_bad_settings() -> None:

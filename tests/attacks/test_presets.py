@@ -35,7 +35,7 @@ _NOISE = {"noise": "gaussian", "noise_scale": REQUIRED, "prior_weight": 300.0, "
 _NOISE |= {"restarts": 8, "label_strategy": "bias_count", "init": "randn", "layers": None, "bn_statistics": "none"}
 _NOISE |= {"bn_weight": 0.0, "consensus": False}
 _NOISE |= _COMMON
-_IG_STEPS = ("signed", "boxed", "lr_decay", "bn_statistics", "bn_weight")
+_IG_STEPS = ("signed", "boxed", "lr_decay")
 _PRIVATE = {"private": "secrets", "private_step": 0.1} | {k: v for k, v in _IG.items() if k not in _IG_STEPS}
 _LBFGS = {"distance": "euclidean", "optimizer": "lbfgs", "signed": False, "boxed": False, "lr_decay": False}
 _SIGNED_ADAM = {"optimizer": "adam", "labels": "infer", "signed": True, "boxed": True, "lr_decay": True}
@@ -51,7 +51,7 @@ PAPERS: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {
         {**_SIGNED_ADAM, "distance": "euclidean", "signed": False, "init": "randn", "bn_statistics": "running"},
     ),
     NoiseAwareAttack: (_NOISE, {**_SIGNED_ADAM, "distance": "euclidean"}),
-    PrivateUnknownsAttack: (_PRIVATE, {**_SIGNED_ADAM, "distance": "cosine", "bn_statistics": "none"}),
+    PrivateUnknownsAttack: (_PRIVATE, {**_SIGNED_ADAM, "distance": "cosine"}),
 }
 REQUIRED_ARGUMENTS = {NoiseAwareAttack: {"noise_scale": 0.01}}
 
