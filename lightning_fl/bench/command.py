@@ -128,7 +128,8 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
 
     if cfg.jobs < 1:
         raise ValueError(f"--jobs={cfg.jobs} must be >= 1.")
-    settings, flags = _selected(load_settings(cfg.config, quick=cfg.quick), cfg)
+    chosen = [axis for axis in SELECTABLE if cfg.get(axis) is not None]
+    settings, flags = _selected(load_settings(cfg.config, quick=cfg.quick, chosen_elsewhere=chosen), cfg)
     if cfg.data.root is not None:
         settings = {**settings, "data": {**settings["data"], "root": cfg.data.root}}
         flags += f" --data.root {cfg.data.root}"

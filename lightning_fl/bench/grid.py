@@ -15,7 +15,7 @@ import copy
 import hashlib
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,8 +126,9 @@ def _by_family(defences: Mapping[str, Any]) -> dict[str, list[str]]:
     return families
 
 
-def apply_only(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` trimmed to its ``only:`` section (see :func:`select`), which it no longer holds once applied.
+def apply_only(settings: Mapping[str, Any], *, chosen_elsewhere: Collection[str] = ()) -> dict[str, Any]:
+    """``settings`` trimmed to its ``only:`` section (see :func:`select`), which it no longer holds once applied;
+    the axes in ``chosen_elsewhere`` (those a command line selects) are left whole.
 
     Raises:
         ValueError: naming an ``only`` value that the config does not have.
@@ -139,7 +140,7 @@ def apply_only(settings: Mapping[str, Any]) -> dict[str, Any]:
     only = settings.get("only") or {}
     settings = {key: value for key, value in settings.items() if key != "only"}
     for axis in SELECTABLE:
-        if only.get(axis) is not None:
+        if only.get(axis) is not None and axis not in chosen_elsewhere:
             settings = select(settings, axis, only[axis])
     return settings
 
@@ -173,8 +174,10 @@ def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, 
     return merge(raw, preset) if quick else raw
 
 
-def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
-    """Read a bench config; with ``quick``, merge its ``quick:`` section over it (lists are replaced).
+def load_settings(path: str | Path, *, quick: bool = False, chosen_elsewhere: Collection[str] = ()) -> dict[str, Any]:
+    """Read a bench config; with ``quick``, merge its ``quick:`` section over it (lists are replaced), then trim it
+    to its ``only:`` section except on the axes in ``chosen_elsewhere`` (a command line's ``--threat_models`` picks
+    from every threat model of the config, not only from those its preset runs by default).
 
     A config may start from another: ``base: bench_photos.yaml`` (relative to its own folder) takes that config's
     settings (its ``quick:`` section included), and the keys given here override them as ``quick:`` does.
@@ -189,7 +192,7 @@ def load_settings(path: str | Path, *, quick: bool = False) -> dict[str, Any]:
     for axis in SELECTABLE:
         if not raw[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")
-    settings = expand_strengths(apply_only(raw))
+    settings = expand_strengths(apply_only(raw, chosen_elsewhere=chosen_elsewhere))
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
         protocol = (threat or {}).get("protocol", "attack")

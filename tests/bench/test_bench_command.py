@@ -150,3 +150,19 @@ def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
     settings = load_settings(preset, quick=True)
     check_grid(settings)  # every utility and attack run of the preset builds (data, model, defences, attacks)
     assert settings["output_dir"].endswith("_quick") and settings["output_dir"] != "runs/bench_photos_quick"
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_a_selection_flag_picks_from_the_whole_config_not_only_its_default_selection(tmp_path, capsys) -> None:
+    """``only:`` is the preset's default grid; ``--threat_models`` names any threat model of the config (a quick grid
+    that drops ``aggregate_k4`` still runs it when asked)."""
+    settings = {**MINI, "only": {"threat_models": ["fedsgd_b1"]}, "output_dir": str(tmp_path / "out")}
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    assert sorted(load_settings(config, chosen_elsewhere=["threat_models"])["threat_models"]) == sorted(
+        MINI["threat_models"]
+    )
+    assert list(load_settings(config)["threat_models"]) == ["fedsgd_b1"]
+    assert main(["bench", "-c", str(config), "--threat_models", "nope"]) == 2
+    assert str(sorted(MINI["threat_models"])) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
