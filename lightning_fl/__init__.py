@@ -32,7 +32,14 @@ _NAMED = {
     **dict.fromkeys(["LEAK_POINTS", "ClientUpdate", "GroundTruth", "LeakPoint", "ServerView"], "lightning_fl.messages"),
     **dict.fromkeys(["mark_private", "private_state", "public_state"], "lightning_fl.private"),
     **dict.fromkeys(
-        ["BroadcastTransform", "ClientTransform", "ServerPlugin", "ServerTransform", "apply_server_plugins"],
+        [
+            "BroadcastTransform",
+            "ClientTransform",
+            "ServerPlugin",
+            "ServerTransform",
+            "apply_server_plugins",
+            "own_layers",
+        ],
         "lightning_fl.transforms",
     ),
 }

@@ -28,7 +28,14 @@ from lightning_fl.messages import ClientUpdate
 if TYPE_CHECKING:
     from lightning_fl.contexts import ClientContext, ClientSetupContext, RoundContext, SetupContext
 
-__all__ = ["BroadcastTransform", "ClientTransform", "ServerPlugin", "ServerTransform", "apply_server_plugins"]
+__all__ = [
+    "BroadcastTransform",
+    "ClientTransform",
+    "ServerPlugin",
+    "ServerTransform",
+    "apply_server_plugins",
+    "own_layers",
+]
 
 
 class _Stateful:
@@ -130,6 +137,7 @@ def apply_server_plugins(model: nn.Module, plugins: Sequence[ServerPlugin], *, d
             another model.
     """
     applied = model.__dict__.setdefault("_fl_applied_server_plugins", [])
+    planted = model.__dict__.setdefault("_fl_server_planted", set())
     for plugin in plugins:
         if not isinstance(plugin, ServerPlugin):
             raise TypeError(
@@ -139,7 +147,23 @@ def apply_server_plugins(model: nn.Module, plugins: Sequence[ServerPlugin], *, d
             continue
         if data is not None:
             plugin.use_data(data)
+        before = {name for name, _ in model.named_modules()}
         if plugin.apply_to_model(model) is not model:
             raise TypeError(f"{type(plugin).__name__}.apply_to_model must change the model in place and return it.")
+        planted.update(name for name, _ in model.named_modules() if name not in before)
         applied.append(id(plugin))
     return model
+
+
+def own_layers(model: nn.Module, kind: type[nn.Module]) -> dict[str, nn.Module]:
+    """The modules of type ``kind`` in ``model``, by name in registration order, without those a server plug-in
+    planted (:func:`apply_server_plugins`): a malicious server's block is not a layer of the client's model, so a
+    defence that looks for the classifier head (the last ``nn.Linear``) must not take it.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 2))
+        >>> list(own_layers(net, nn.Linear))
+        ['0']
+    """
+    planted = model.__dict__.get("_fl_server_planted", set())
+    return {name: m for name, m in model.named_modules() if isinstance(m, kind) and name not in planted}

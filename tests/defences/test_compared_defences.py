@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -200,6 +201,22 @@ def test_compared_defences_reject_bad_options(build: object, match: str) -> None
 def test_soteria_names_the_layers_it_could_defend() -> None:
     with pytest.raises(ValueError, match=r"layer='fc'\) names no nn.Linear of the model; choose from \['1', '3'\]"):
         Soteria(layer="fc").defended_layer(_tiny_net())
+
+
+def test_soteria_and_precode_take_the_models_own_head_not_a_block_a_malicious_server_planted() -> None:
+    """Robbing the Fed's imprint is registered after the model's layers: "the last nn.Linear" must still be the
+    classifier (PRECODE had wrapped the imprint's bins, so the server's read-out found no bins in the update)."""
+    from lightning_fl.attacks import MaliciousImprint
+    from lightning_fl.transforms import apply_server_plugins
+
+    imprint = MaliciousImprint(num_bins=4, feature="random", feature_mean=0.0, feature_std=1.0, input_shape=[1, 2, 3])
+    net = apply_server_plugins(_tiny_net(), [imprint])
+    assert list(dict(net.named_modules()))[-2:] == ["imprint", "imprint.bins"]
+    client = copy.deepcopy(net)  # the clients train copies of the shipped model
+    assert Soteria().defended_layer(client) is client[3]
+    apply_defences(client, [PRECODE(bottleneck_size=3)])
+    assert isinstance(client[3][0], VariationalBottleneck)
+    assert {"imprint.bins.weight", "imprint.bins.bias"} <= set(client.state_dict())
 
 
 def test_bench_photos_rows_build_the_four_defences() -> None:

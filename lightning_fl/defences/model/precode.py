@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch._C._functorch import maybe_current_level
 
 from lightning_fl.defences.base import Defence, apply_layers
+from lightning_fl.transforms import own_layers
 
 __all__ = ["PRECODE", "VariationalBottleneck", "add_precode", "gaussian_kl"]
 
@@ -102,7 +103,8 @@ def add_precode(
 ) -> nn.Module:
     """Insert a :class:`VariationalBottleneck` before the classifier head of ``model`` (in place; returns it).
 
-    The head (the last ``nn.Linear``, or the one named ``head``) becomes ``Sequential(bottleneck, head)``.
+    The head (the last ``nn.Linear`` of the model's own layers, :func:`~lightning_fl.transforms.own_layers`, or the one
+    named ``head``) becomes ``Sequential(bottleneck, head)``.
 
     Raises:
         ValueError: if ``bottleneck_size < 1``, ``beta < 0``, the model has no ``nn.Linear``, ``head`` names none,
@@ -116,7 +118,7 @@ def add_precode(
     _check_options(bottleneck_size, beta)
     if any(isinstance(m, VariationalBottleneck) for m in model.modules()):
         raise ValueError("the model already has a PRECODE VariationalBottleneck; apply PRECODE once.")
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = list(own_layers(model, nn.Linear))
     name = head if head is not None else (linears[-1] if linears else None)
     if name not in linears:
         raise ValueError(f"PRECODE(head={head!r}) names no nn.Linear of the model; choose from {linears}.")

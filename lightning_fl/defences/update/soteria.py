@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_fl.defences.base import Defence, DefenceParts
+from lightning_fl.transforms import own_layers
 
 __all__ = ["Soteria", "representation_sensitivity", "soteria_mask"]
 
@@ -108,7 +109,7 @@ class Soteria(Defence, L.Callback):
 
     def defended_layer(self, model: nn.Module) -> nn.Linear:
         """The ``nn.Linear`` this defence prunes the gradient of."""
-        linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        linears = own_layers(model, nn.Linear)
         if self.layer is None and linears:
             return list(linears.values())[-1]
         if self.layer in linears:
