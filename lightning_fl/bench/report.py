@@ -50,6 +50,7 @@ COLUMNS = (
     "leak_point",
     "server",
     "prior_only",
+    "own_model",
     "seeds",
     "images",
     *(f"{v}_{s}" for v in _VALUES for s in ("mean", "std")),
@@ -73,6 +74,8 @@ together) with ``_low``/``_high`` the 95 % bootstrap interval (:func:`~lightning
 the 100 dB cap (an exact copy). Every score's ``_std``: sample std over seeds of the cells' means. ``server``: the
 attack's threat model of the server, ``honest-but-curious`` (it reads what it receives) or ``malicious`` (it changed
 the model it ships); ``prior_only``: a calibration row that never reads the images (:class:`PriorBaseline`);
+``own_model``: the attack ran on a model of its own (the analytic attack's MLP), not the defence's, so it neither
+breaks the undefended model nor sits on the defence's accuracy in the privacy-utility plot;
 ``exact``: the share of the images behind an attacked update recovered at PSNR ≥ 30 dB; ``success_rate``: share of
 the attacked images at SSIM ≥ ``success_ssim`` that also beat their own mean colour and (for an attack that reads
 the update) every prior-only guess of them (:func:`~lightning_fl.attacks.metrics.image_successes`).
@@ -142,6 +145,7 @@ def summarise(
     results: Sequence[Mapping[str, Any]],
     utility: Mapping[str, Mapping[str, Any]],
     defences: Mapping[str, Mapping[str, Any] | None] | None = None,
+    attacks: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Group cell results over seeds: one row per (defence, attack, threat model), in first-seen order, with the
     utility (test accuracy, ε) of the defence's utility runs of the same seeds and the attack scores' means and
@@ -152,6 +156,7 @@ def summarise(
             ``status``).
         utility: utility run entries by key ``<defence>__s<seed>``.
         defences: the grid's defence entries by name (expanded), for each row's ``family`` and ``strength``.
+        attacks: the grid's attack entries by name, for each row's ``own_model`` (an entry with a ``model:``).
     """
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for r in results:
@@ -166,6 +171,7 @@ def summarise(
         row["leak_point"] = runs[0].get("leak_point")
         row["server"] = runs[0].get("server", "honest-but-curious")
         row["prior_only"] = any(r.get("prior_only") for r in runs)
+        row["own_model"] = bool(((attacks or {}).get(attack) or {}).get("model"))
         row["success_ssim"] = next((r["success_ssim"] for r in runs if r.get("success_ssim") is not None), None)
         for value in _UTILITY:
             row[f"{value}_mean"], row[f"{value}_std"] = _stats([u.get(value) for u in trained])
@@ -245,7 +251,8 @@ def reconstruction_bounds(rows: list[dict[str, Any]], *, kappa: float | None = N
 
 def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]] | None:
     """The attack rows that break the undefended model under ``threat_model`` (success rate ≥
-    :data:`BROKEN_SHARE`; prior-only rows never count), or ``None`` when the rows have no :data:`UNDEFENDED` row.
+    :data:`BROKEN_SHARE`; prior-only rows and attacks on a model of their own never count), or ``None`` when the rows
+    have no :data:`UNDEFENDED` row.
 
     An empty list means the threat model cannot rank defences: a defence that "holds" there may only face an
     attacker too weak to tell.
@@ -258,7 +265,8 @@ def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> li
     undefended = [r for r in rows if (r["defence"], r["threat_model"]) == (UNDEFENDED, threat_model)]
     if not undefended:
         return None
-    return [r for r in undefended if not r.get("prior_only") and (r.get("success_rate_mean") or 0.0) >= BROKEN_SHARE]
+    attacks = [r for r in undefended if not r.get("prior_only") and not r.get("own_model")]
+    return [r for r in attacks if (r.get("success_rate_mean") or 0.0) >= BROKEN_SHARE]
 
 
 def _guessing(rows: Sequence[Mapping[str, Any]], threat_model: str) -> Mapping[str, Any] | None:
@@ -455,9 +463,10 @@ def _strength(row: Mapping[str, Any]) -> str:
 
 def _attack_label(row: Mapping[str, Any], *, server: bool = True) -> str:
     """An attack's name in tables and plots, with (``server``) its threat model when the server is malicious and a
-    mark on a prior-only baseline."""
+    mark on a prior-only baseline and on an attack that ran on a model of its own."""
     suffix = ", malicious server" if server and row.get("server") == "malicious" else ""
-    return row["attack"] + suffix + (" (prior only)" if row.get("prior_only") else "")
+    marks = " (prior only)" if row.get("prior_only") else " (own model)" if row.get("own_model") else ""
+    return row["attack"] + suffix + marks
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -518,12 +527,13 @@ def _panels(count: int, height: float, *, extra: float = 0.0) -> tuple[Any, list
 
 def _strongest(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]]:
     """Per defence, its row of the attack with the highest mean SSIM under ``threat_model`` (prior-only rows are
-    the guessing level, not an attack), among rows with an SSIM and a test accuracy."""
+    the guessing level, not an attack; an attack on a model of its own says nothing of the defence's model), among
+    rows with an SSIM and a test accuracy."""
     best = []
     for defence in dict.fromkeys(r["defence"] for r in rows):
         scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
-        scored = [r for r in scored if not r.get("prior_only") and r["ssim_mean"] is not None]
-        scored = [r for r in scored if r["test_accuracy_mean"] is not None]
+        scored = [r for r in scored if not r.get("prior_only") and not r.get("own_model")]
+        scored = [r for r in scored if r["ssim_mean"] is not None and r["test_accuracy_mean"] is not None]
         if scored:
             best.append(max(scored, key=lambda r: r["ssim_mean"]))
     return best

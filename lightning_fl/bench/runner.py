@@ -258,7 +258,9 @@ def run_bench(
         executor.stop()
         raise
     executor.close()
-    rows = report.summarise([results[c.key] for c in grid if c.key in results], utility, settings["defences"])
+    rows = report.summarise(
+        [results[c.key] for c in grid if c.key in results], utility, settings["defences"], settings["attacks"]
+    )
     report.reconstruction_bounds(rows, kappa=settings.get("rero_kappa"))
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))

@@ -134,3 +134,20 @@ def test_a_cell_with_nothing_readable_keeps_its_success_rate_of_zero() -> None:
     unreadable.update(images={"psnr": [], "ssim": [], "lpips": None}, success_rate=0.0, status="ok: nothing readable")
     (row,) = _rows([unreadable], "paillier")
     assert row["images"] == 0 and row["success_rate_mean"] == 0.0 and row["ssim_mean"] is None
+
+
+def test_an_attack_on_a_model_of_its_own_neither_breaks_the_undefended_model_nor_is_a_defences_strongest() -> None:
+    """The analytic attack runs on its own MLP: its 1.0 says nothing of the defence's model (issue 31's mixed
+    scatter), so the panel ranks the attacks that ran on the defence's model, and a threat model broken only by it
+    cannot rank."""
+    cells = [
+        _cell(defence, attack, "t", psnr=[30.0, 30.0], ssim=ssim)
+        for defence in ("none", "noise")
+        for attack, ssim in (("ig", [0.2, 0.3]), ("analytic", [1.0, 1.0]))
+    ]
+    attacks = {"ig": {"class_path": "x.IG"}, "analytic": {"class_path": "x.Analytic", "model": {"init_args": {}}}}
+    rows = report.summarise(cells, _utility("none", "noise"), attacks=attacks)
+    assert [r["own_model"] for r in rows] == [False, True, False, True]
+    assert report.breaking_attacks(rows, "t") == []
+    assert {r["attack"] for r in report._strongest(rows, "t")} == {"ig"}
+    assert report.breaking_attacks(report.summarise(cells, _utility("none", "noise")), "t") != []
