@@ -69,8 +69,7 @@ reproduce-bench:
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_dp.yaml --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_rounds.yaml --jobs 1 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_cross_device.yaml --jobs 2 && \
-	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --threat_models fedsgd_b1 \
-	    --defences none,pruning_70,gaussian_noise,fedkl_keylock,fdl_pp_passports --jobs 1; } $(LOG)
+	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --jobs 1; } $(LOG)
 
 reproduce-foundation:
 	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml --output_dir $(OUT)/quickstart && \
