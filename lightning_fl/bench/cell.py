@@ -177,10 +177,16 @@ def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
 
 def public_data(spec: Mapping[str, Any]) -> Any:
     """The data a bench gives an attack that asks for ``public_data`` (a prior-only baseline): the test split of the
-    cell's data set, at its image size; the clients train, and are attacked, on the training split only."""
+    cell's data set, at its image size; the clients train, and are attacked, on the training split only.
+
+    ``data`` is read as the run reads it (:func:`~lightning_fl.bench.experiment.data_config`, every ``class_path``
+    built): a user's ``LightningDataModule`` gives the split its ``test_dataloader()`` holds after ``setup``.
+    """
+    from lightning_fl.bench.experiment import data_config
+    from lightning_fl.config import build
     from lightning_fl.datamodules import FederatedDataModule
 
-    return FederatedDataModule(**{"seed": int(spec["seed"]), **spec["data"]}).test_set
+    return FederatedDataModule(**{"seed": int(spec["seed"]), **build(data_config(spec["data"]))}).test_set
 
 
 def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> tuple[Any, list[Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 import yaml
 
 from lightning_fl.bench import run_bench
@@ -52,3 +53,24 @@ def test_a_dataset_class_path_that_does_not_import_names_the_key(tmp_path) -> No
     spec = {"seed": 0, "data": {"dataset": "tests.user_project.NoSuchData"}, "model": MINI["model"], "loop": {}}
     with pytest.raises(ValueError, match=r"^data.dataset \(class_path 'tests.user_project.NoSuchData'\): "):
         build_loop(spec, tmp_path)
+
+
+@pytest.mark.parametrize("dataset", [_USER_DATA, _USER_DATA["class_path"]])
+def test_the_attackers_public_data_is_the_user_datamodules_test_split(dataset) -> None:
+    """A prior-only guess (``PriorBaseline``) on a bench over a user's DataModule gets that DataModule's own test
+    split, read through its ``setup``/``test_dataloader`` hooks (not a data set named by the bench)."""
+    from lightning_fl.bench.cell import build_attack, public_data
+    from tests.user_project import DigitsDataModule
+
+    spec = {"seed": 0, "data": {**USER_GRID["data"], "dataset": dataset}}
+    public = public_data(spec)
+    user = DigitsDataModule()
+    user.setup("test")
+    expected = user.test_dataloader().dataset
+    assert len(public) == len(expected) == 297
+    assert all(torch.equal(public[i][0], expected[i][0]) and int(public[i][1]) == int(expected[i][1]) for i in (0, 296))
+
+    prior = {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": "mean"}}
+    attack = build_attack({**spec, "attack": prior}, "prior_mean", 0)
+    assert tuple(attack.images.shape) == (297, 1, 8, 8)
+    assert torch.allclose(attack.images.mean(0), torch.stack([x for x, _ in expected]).mean(0))
