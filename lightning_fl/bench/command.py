@@ -69,7 +69,7 @@ def _check_run(where: str, build: Callable[[], Any]) -> Any:
     try:
         return build()
     except Exception as err:
-        message = " ".join(str(err).split())
+        message = " ".join(str(err).split()).rstrip(".")
         raise ValueError(f"bench {where}: {type(err).__name__}: {message}; fix it in the config.") from None
 
 

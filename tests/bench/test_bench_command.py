@@ -17,6 +17,7 @@ from lightning_fl.cli import main
 from tests.bench.test_bench import MINI
 
 _CDP = MINI["defences"]["fed_cdp"]
+_NOISE = "lightning_fl.defences.GaussianNoise"
 
 
 def _broken(path: list[str], value: object) -> dict:
@@ -33,6 +34,10 @@ def _broken(path: list[str], value: object) -> dict:
     [
         (_broken(["defences", "fed_cdp"], {"defences": [{"class_path": "lightning_fl.defences.FedCDPP"}]}), "FedCDPP"),
         (_broken(["defences", "fed_cdp", "loop"], {"num_roundz": 2}), "num_roundz"),
+        (
+            _broken(["defences", "fed_cdp"], {"defences": [{"class_path": _NOISE, "init_args": {"std": 0.01}}]}),
+            f"std is not an option of {_NOISE}; its options: noise_std, unit; fix it in the config.",
+        ),
         (_broken(["threat_models", "fedsgd_b1_trained", "leak_point"], "gradient"), "leak_point='gradient'"),
         (_broken(["threat_models", "fedsgd_b1_trained", "attack_rounds"], [99]), "attack_rounds has [99]"),
         (_broken(["data", "num_clients"], 0), "num_clients"),
