@@ -124,6 +124,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
     The call's ``resume_hint`` is what the command prints when the bench is interrupted.
     """
     from lightning_fl.bench.runner import run_bench
+    from lightning_fl.federation.run_lock import RunLock
     from lightning_fl.validation import check_output_dir
 
     if cfg.jobs < 1:
@@ -134,6 +135,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
         flags += f" --data.root {cfg.data.root}"
     output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
     check_output_dir(output_dir)
+    RunLock(output_dir).check()  # a bench running there: exit 2 now, not after building the grid
     if not cfg.report_only:
         check_grid(settings)
     flags += f" --output_dir {cfg.output_dir}" if cfg.output_dir else ""

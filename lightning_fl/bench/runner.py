@@ -161,14 +161,48 @@ def run_bench(
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
         a run of it failed.
 
+    Raises:
+        RuntimeError: another bench (or run) holds ``output_dir``'s run lock
+            (:class:`~lightning_fl.federation.RunLock`, held while the bench runs), naming its pid.
+
     Example::
 
         settings = load_settings("configs/bench_digits.yaml", quick=True)
         settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
         rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
+    from lightning_fl.federation.run_lock import RunLock
+
+    lock = RunLock(output_dir)  # one bench writes a table: a second one into the same directory stops here
+    lock.acquire()
+    try:
+        return _run_grid(
+            settings,
+            Path(output_dir),
+            jobs=jobs,
+            command=command,
+            wandb_project=wandb_project,
+            report_only=report_only,
+            title=title,
+            print_=print_,
+        )
+    finally:
+        lock.release()
+
+
+def _run_grid(
+    settings: Mapping[str, Any],
+    output_dir: Path,
+    *,
+    jobs: int,
+    command: str,
+    wandb_project: str | None,
+    report_only: bool,
+    title: str | None,
+    print_: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """:func:`run_bench`'s work, with the output directory's run lock held."""
     settings = expand_strengths(apply_only(settings))
-    output_dir = Path(output_dir)
     utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
     results, todo_cells = _stored(grid, settings, output_dir / "cells")

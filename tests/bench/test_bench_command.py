@@ -155,3 +155,27 @@ def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
     settings = load_settings(preset, quick=True)
     check_grid(settings)  # every utility and attack run of the preset builds (data, model, defences, attacks)
     assert settings["output_dir"].endswith("_quick") and settings["output_dir"] != "runs/bench_photos_quick"
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp_path, capsys) -> None:
+    """Two benches writing one table race on bench.md and on each other's runs (each saw the other's runs locked
+    and failed those rows): the bench holds the output directory's run lock, so the second one stops at once."""
+    import os
+
+    from lightning_fl.bench import run_bench
+    from lightning_fl.federation import RunLock
+
+    config, out = tmp_path / "bench.yaml", tmp_path / "out"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    lock = RunLock(out)
+    lock.acquire()  # the first bench, still running
+    try:
+        assert main(["bench", "-c", str(config)]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"output_dir {str(out)!r} is in use by another lightning-fl run (pid {os.getpid()}" in line
+        with pytest.raises(RuntimeError, match="is in use by another lightning-fl run"):
+            run_bench(MINI, out, print_=lambda _: None)
+        assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
+    finally:
+        lock.release()

@@ -40,6 +40,7 @@ def test_bench_runs_a_user_datamodule_from_yaml_with_a_selection_and_run_bench_g
     (row,) = _table(tmp_path / "command")
     assert (row["defence"], row["attack"], row["threat_model"], row["status"]) == ("none", "ig", "fedsgd_b1", "ok")
     assert float(row["psnr_mean"]) > 20.0  # Inverting Gradients recovers one 8x8 digit of the user's data
+    assert not (tmp_path / "command" / ".lightning-fl.lock").exists()  # the bench's lock is released
     assert "Seeds per cell: 1. " in (tmp_path / "command" / "bench.md").read_text()  # a count ("[1]" read as seed 1)
 
     # the same settings in Python, the DataModule as a class path alone, the selection as only:
