@@ -135,9 +135,11 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
         flags += f" --data.root {cfg.data.root}"
     output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
     check_output_dir(output_dir)
-    RunLock(output_dir).check()  # a bench running there: exit 2 now, not after building the grid
+    lock = RunLock(output_dir)
+    lock.check()  # a bench running there: exit 2 now, not after building the grid
     if not cfg.report_only:
         check_grid(settings)
+    lock.acquire()  # the last check and the first write, as fit's: a bench started alongside exits 2 too
     flags += f" --output_dir {cfg.output_dir}" if cfg.output_dir else ""
     command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + flags + f" --jobs {cfg.jobs}"
 
@@ -150,6 +152,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
             wandb_project=cfg.wandb_project,
             report_only=cfg.report_only,
             title=f"{Path(cfg.config).stem}, {'quick' if cfg.quick else 'full'} budget",
+            lock=lock,
         )
         failed = [f"{r['defence']}/{r['attack']}/{r['threat_model']}" for r in rows if "failed" in r["status"]]
         if failed:

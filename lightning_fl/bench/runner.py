@@ -24,6 +24,7 @@ from typing import Any
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
 from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
+from lightning_fl.federation.run_lock import RunLock
 
 __all__ = ["available_cores", "run_bench", "threads_per_job"]
 
@@ -137,6 +138,7 @@ def run_bench(
     report_only: bool = False,
     title: str | None = None,
     print_: Callable[[str], None] = _PRINT,
+    lock: RunLock | None = None,
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
 
@@ -161,6 +163,9 @@ def run_bench(
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
         a run of it failed.
 
+    ``lock``: ``output_dir``'s run lock when the caller took it already (the command takes it before it returns
+    from its checks); released when the bench ends either way.
+
     Raises:
         RuntimeError: another bench (or run) holds ``output_dir``'s run lock
             (:class:`~lightning_fl.federation.RunLock`, held while the bench runs), naming its pid.
@@ -171,11 +176,9 @@ def run_bench(
         settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
         rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
-    from lightning_fl.federation.run_lock import RunLock
-
-    lock = RunLock(output_dir)  # one bench writes a table: a second one into the same directory stops here
-    lock.acquire()
+    lock = lock or RunLock(output_dir)  # one bench writes a table: a second one into the directory stops here
     try:
+        lock.acquire()
         return _run_grid(
             settings,
             Path(output_dir),

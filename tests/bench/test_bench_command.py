@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+import lightning_fl.bench.command as command
 import lightning_fl.bench.runner as runner
 from lightning_fl.bench import load_settings
 from lightning_fl.bench.runner import _worker_init, threads_per_job
@@ -158,7 +159,7 @@ def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
 
 
 @pytest.mark.usefixtures("cwd_with_finished_runs")
-def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp_path, capsys) -> None:
+def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch) -> None:
     """Two benches writing one table race on bench.md and on each other's runs (each saw the other's runs locked
     and failed those rows): the bench holds the output directory's run lock, so the second one stops at once."""
     import os
@@ -176,6 +177,17 @@ def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp
         assert f"output_dir {str(out)!r} is in use by another lightning-fl run (pid {os.getpid()}" in line
         with pytest.raises(RuntimeError, match="is in use by another lightning-fl run"):
             run_bench(MINI, out, print_=lambda _: None)
+        assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
+    finally:
+        lock.release()
+
+    def another_bench_starts_meanwhile(settings: object) -> None:  # both passed the first check: one wins the lock
+        lock.acquire()
+
+    monkeypatch.setattr(command, "check_grid", another_bench_starts_meanwhile)
+    try:
+        assert main(["bench", "-c", str(config)]) == 2
+        assert "is in use by another lightning-fl run" in capsys.readouterr().err
         assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
     finally:
         lock.release()
