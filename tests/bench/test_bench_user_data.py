@@ -76,3 +76,20 @@ def test_the_attackers_public_data_is_the_user_datamodules_test_split(dataset) -
     attack = build_attack({**spec, "attack": prior}, "prior_mean", 0)
     assert tuple(attack.images.shape) == (297, 1, 8, 8)
     assert torch.allclose(attack.images.mean(0), torch.stack([x for x, _ in expected]).mean(0))
+
+
+def test_a_user_datamodule_without_a_test_split_names_the_guess_that_needs_one() -> None:
+    """Before, the guess failed with the global evaluation's advice (``set loop.eval_every=0``), which a bench whose
+    utility runs evaluate nothing has already followed."""
+    import lightning as L
+
+    from lightning_fl.bench.cell import build_attack
+    from tests.user_project import DigitsDataModule
+
+    class TrainOnly(DigitsDataModule):
+        test_dataloader = L.LightningDataModule.test_dataloader  # the user wrote no test or validation loader
+
+    spec = {"seed": 0, "data": {**USER_GRID["data"], "dataset": TrainOnly()}}
+    spec["attack"] = {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": "mean"}}
+    with pytest.raises(ValueError, match=r"^attacks.prior_mean takes public_data, the test split of data.dataset "):
+        build_attack(spec, "prior_mean", 0)
