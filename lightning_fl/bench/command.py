@@ -135,6 +135,10 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
         flags += f" --data.root {cfg.data.root}"
     output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
     check_output_dir(output_dir)
+    if cfg.report_only and not any((output_dir / "cells").glob("*.json")):
+        raise ValueError(
+            f"--report_only: {str(output_dir)!r} holds no finished cell; run the bench without --report_only first."
+        )
     lock = RunLock(output_dir)
     lock.check()  # a bench running there: exit 2 now, not after building the grid
     if not cfg.report_only:

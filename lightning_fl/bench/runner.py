@@ -296,6 +296,11 @@ def _run_grid(
         raise
     executor.close()
     rows = report.summarise([results[c.key] for c in grid if c.key in results], utility, settings["defences"])
+    if not rows:  # --report_only before any cell of this grid finished: a report of nothing
+        raise ValueError(
+            f"report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
+            "--report_only first (the same selection and output_dir)."
+        )
     report.reconstruction_bounds(rows, kappa=settings.get("rero_kappa"))
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))

@@ -191,3 +191,18 @@ def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp
         assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
     finally:
         lock.release()
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys) -> None:
+    """It crashed drawing zero panels (ZeroDivisionError, exit 1)."""
+    from lightning_fl.bench import run_bench
+
+    config, out = tmp_path / "bench.yaml", tmp_path / "out"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    assert main(["bench", "-c", str(config), "--report_only"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--report_only: {str(out)!r} holds no finished cell; run the bench without --report_only first." in line
+    with pytest.raises(ValueError, match="report_only: no cell of this grid has finished in"):
+        run_bench(MINI, out, report_only=True, print_=lambda _: None)
+    assert not (out / "bench.md").exists()
