@@ -218,6 +218,11 @@ def _run_grid(
         f"attack cells to run ({len(grid) - todo} already done) in {len(groups)} attack run(s), with {jobs} job(s)"
     )
     started = time.perf_counter()
+    if report_only and todo == len(grid):  # no cell of this grid finished: a report of nothing
+        raise ValueError(
+            f"report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
+            "--report_only first (the same selection and output_dir)."
+        )
     if report_only:
         print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
         command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""
@@ -296,11 +301,6 @@ def _run_grid(
         raise
     executor.close()
     rows = report.summarise([results[c.key] for c in grid if c.key in results], utility, settings["defences"])
-    if not rows:  # --report_only before any cell of this grid finished: a report of nothing
-        raise ValueError(
-            f"report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
-            "--report_only first (the same selection and output_dir)."
-        )
     report.reconstruction_bounds(rows, kappa=settings.get("rero_kappa"))
     output_dir.mkdir(parents=True, exist_ok=True)
     bound = float(settings.get("epsilon_bound", 10.0))

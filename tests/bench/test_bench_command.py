@@ -147,17 +147,6 @@ def test_a_preset_starts_from_its_base_and_overrides_it(tmp_path) -> None:
         load_settings(tmp_path / "loop.yaml")
 
 
-@pytest.mark.parametrize(
-    "preset", ["configs/bench_lfw.yaml", "configs/bench_photos_resnet.yaml", "configs/bench_photos_convnet.yaml"]
-)
-def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
-    from lightning_fl.bench.command import check_grid
-
-    settings = load_settings(preset, quick=True)
-    check_grid(settings)  # every utility and attack run of the preset builds (data, model, defences, attacks)
-    assert settings["output_dir"].endswith("_quick") and settings["output_dir"] != "runs/bench_photos_quick"
-
-
 @pytest.mark.usefixtures("cwd_with_finished_runs")
 def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch) -> None:
     """Two benches writing one table race on bench.md and on each other's runs (each saw the other's runs locked
@@ -206,3 +195,14 @@ def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys) ->
     with pytest.raises(ValueError, match="report_only: no cell of this grid has finished in"):
         run_bench(MINI, out, report_only=True, print_=lambda _: None)
     assert not (out / "bench.md").exists()
+
+
+@pytest.mark.parametrize(
+    "preset", ["configs/bench_lfw.yaml", "configs/bench_photos_resnet.yaml", "configs/bench_photos_convnet.yaml"]
+)
+def test_the_faces_and_resnet_presets_build_every_run(preset: str) -> None:
+    from lightning_fl.bench.command import check_grid
+
+    settings = load_settings(preset, quick=True)
+    check_grid(settings)  # every utility and attack run of the preset builds (data, model, defences, attacks)
+    assert settings["output_dir"].endswith("_quick") and settings["output_dir"] != "runs/bench_photos_quick"
