@@ -229,6 +229,7 @@ reproduce-secure-aggregation:
 reproduce-performance:
 	{ $(RUN) $(BIN)/python benchmarks/loop_overhead.py --rounds 10 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/cli_startup.py --repeats 3 && \
+	  $(RUN) $(BIN)/python benchmarks/build_loop_cost.py --repeats 10 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 25 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 100 --per-round 20 --rounds 25 --repeats 3 && \
 	  $(RUN) $(BIN)/python benchmarks/vectorise_speed.py --clients 10 --per-round 5 --rounds 10 --repeats 3 --fed-cdp && \

@@ -163,11 +163,13 @@ def _keyed(key: str, innermost: str, chain: list[BaseException]) -> str:
         name = option.group(1)
         try:
             module, _, attr = class_path.rpartition(".")
-            known = inspect.signature(getattr(importlib.import_module(module), attr)).parameters
+            parameters = inspect.signature(getattr(importlib.import_module(module), attr)).parameters.values()
         except (ImportError, AttributeError, ValueError, TypeError):
-            known = {}
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
+            return f"{key}.init_args.{name} is not an option of {class_path}."
+        known = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        close = difflib.get_close_matches(name, known, n=1)
+        options = f"; its options: {', '.join(known)}." if known else "; it takes no options."
+        hint = f"; did you mean {close[0]!r}?" if close else options
         return f"{key}.init_args.{name} is not an option of {class_path}{hint}"
     if re.search(rf"(?<![\w./]){re.escape(key)}(?![\w./])", innermost):  # the key itself, not in a path
         return innermost

@@ -11,6 +11,7 @@ run here, so one config trains alike from each: the same defaults, links and cla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -134,6 +135,16 @@ def fit_parser() -> ArgumentParser:
     return parser
 
 
+@functools.cache
+def _build_parser() -> ArgumentParser:
+    """The fit parser :func:`build_fit_loop` parses every mapping with, built once per process: parsing and
+    instantiating leave a jsonargparse parser as it was, and this one is never handed out (the command adds its
+    own keys to a :func:`fit_parser` of its own)."""
+    parser = fit_parser()
+    parser.exit_on_error = False
+    return parser
+
+
 def instantiate_config(parser: ArgumentParser, cfg: Namespace) -> Namespace:
     """Seed everything (``seed_everything``, also the data's seed unless ``data.seed`` is set), then build every
     ``class_path`` entry of ``cfg``: data first, so that its options can be linked into the model."""
@@ -190,8 +201,7 @@ def build_fit_loop(
     """
     from lightning_fl.cli_errors import one_line
 
-    parser = fit_parser()
-    parser.exit_on_error = False
+    parser = _build_parser()
     try:
         cfg = parser.parse_object(dict(config))
         init = instantiate_config(parser, cfg)

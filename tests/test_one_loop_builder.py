@@ -149,3 +149,41 @@ def test_the_class_path_check_finds_a_hand_made_entry(tmp_path) -> None:
     assert _calls_a_loaded_class(source) == [2]
     source.write_text("obj = load_class(path)(x=1)\nsig = inspect.signature(load_class(path))\n")
     assert _calls_a_loaded_class(source) == [1]
+
+
+_USER = {
+    "data": {"dataset": {"class_path": "tests.user_project.DigitsDataModule"}, "num_clients": 2, "partition": "iid"},
+    "model": {"class_path": "tests.user_project.DigitsNet"},
+    "loop": {"num_rounds": 1, "trainer": {"accelerator": "cpu"}},
+}
+
+
+def test_builds_share_one_parser_and_one_config_leaves_nothing_in_it_for_the_next(
+    tmp_path, built_loops, monkeypatch
+) -> None:
+    """The bench builds every run with one cached fit parser: a config's model arguments, defences and loop
+    settings must not reach the next config (each is built as a fresh parser builds it), and the command's own
+    parser (to which ``--ckpt_path`` is added) is never the cached one."""
+    from lightning_fl import cli_fit
+    from lightning_fl.cli_parsers import SUBCOMMANDS
+
+    fresh_builds: list[int] = []
+    fit_parser = cli_fit.fit_parser
+    monkeypatch.setattr(cli_fit, "fit_parser", lambda: fresh_builds.append(1) or fit_parser())
+    cli_fit._build_parser.cache_clear()
+    first = {**_USER, "model": {**_USER["model"], "init_args": {"lr": 0.2, "channels": 4}}}
+    first["defences"], first["loop"] = FIT["defences"], {**_USER["loop"], "num_rounds": 3, "vectorize": "off"}
+    for config in (first, FIT, _USER):
+        cli_fit.build_fit_loop({"seed_everything": 0, **config}, tmp_path)
+    assert len(fresh_builds) == 1  # one parser for the three builds
+    assert (
+        SUBCOMMANDS["test"]() is not cli_fit._build_parser()
+        and "ckpt_path" not in cli_fit._build_parser().get_defaults()
+    )
+    cli_fit._build_parser.cache_clear()  # the last config again, on a parser that never saw the first two
+    cli_fit.build_fit_loop({"seed_everything": 0, **_USER}, tmp_path)
+    after_others, alone = built_loops[2], built_loops[3]
+    assert after_others["model"][1]["lr"] == 0.05 and after_others["model"][1]["channels"] == 8  # its own defaults
+    for key in ("model", "defences", "settings", "vectorize", "links", "clients"):
+        assert after_others[key] == alone[key], key
+    assert after_others["defences"] == [] and after_others["settings"][0] == 1 and after_others["vectorize"] == "auto"

@@ -169,18 +169,34 @@ def build_attack(spec: Mapping[str, Any], name: str, seed: int) -> Any:
         {k: v for k, v in (("seed", seed), ("progress_bar", False)) if k in accepted and k not in init_args}
     )
     if "public_data" in accepted and "public_data" not in init_args:  # the attacker's own data: the test split
-        init_args["public_data"] = public_data(spec)
+        init_args["public_data"] = public_data(spec, attack=name)
     attack = build({"class_path": class_path, "init_args": init_args})
     attack.name = name
     return attack
 
 
-def public_data(spec: Mapping[str, Any]) -> Any:
+def public_data(spec: Mapping[str, Any], *, attack: str = "<attack>") -> Any:
     """The data a bench gives an attack that asks for ``public_data`` (a prior-only baseline): the test split of the
-    cell's data set, at its image size; the clients train, and are attacked, on the training split only."""
+    cell's data set, at its image size; the clients train, and are attacked, on the training split only.
+
+    ``data`` is read as the run reads it (:func:`~lightning_fl.bench.experiment.data_config`, every ``class_path``
+    built): a user's ``LightningDataModule`` gives the split its ``test_dataloader()`` holds after ``setup``.
+
+    Raises:
+        ValueError: naming ``attacks.<attack>`` when the data has no test (or validation) split to give.
+    """
+    from lightning_fl.bench.experiment import data_config
+    from lightning_fl.config import build
     from lightning_fl.datamodules import FederatedDataModule
 
-    return FederatedDataModule(**{"seed": int(spec["seed"]), **spec["data"]}).test_set
+    data = FederatedDataModule(**{"seed": int(spec["seed"]), **build(data_config(spec["data"]))})
+    if not data.has_test_set:
+        raise ValueError(
+            f"attacks.{attack} takes public_data, the test split of data.dataset ({type(data.dataset).__name__}), "
+            "which has none; give the LightningDataModule a test_dataloader() (or val_dataloader()), or set the "
+            "attack's init_args.public_data."
+        )
+    return data.test_set
 
 
 def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> tuple[Any, list[Any]]:

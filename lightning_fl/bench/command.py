@@ -69,7 +69,7 @@ def _check_run(where: str, build: Callable[[], Any]) -> Any:
     try:
         return build()
     except Exception as err:
-        message = " ".join(str(err).split())
+        message = " ".join(str(err).split()).rstrip(".")
         raise ValueError(f"bench {where}: {type(err).__name__}: {message}; fix it in the config.") from None
 
 
@@ -124,6 +124,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
     The call's ``resume_hint`` is what the command prints when the bench is interrupted.
     """
     from lightning_fl.bench.runner import run_bench
+    from lightning_fl.federation.run_lock import RunLock
     from lightning_fl.validation import check_output_dir
 
     if cfg.jobs < 1:
@@ -135,8 +136,15 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
         flags += f" --data.root {cfg.data.root}"
     output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
     check_output_dir(output_dir)
+    if cfg.report_only and not any((output_dir / "cells").glob("*.json")):
+        raise ValueError(
+            f"--report_only: {str(output_dir)!r} holds no finished cell; run the bench without --report_only first."
+        )
+    lock = RunLock(output_dir)
+    lock.check()  # a bench running there: exit 2 now, not after building the grid
     if not cfg.report_only:
         check_grid(settings)
+    lock.acquire()  # the last check and the first write, as fit's: a bench started alongside exits 2 too
     flags += f" --output_dir {cfg.output_dir}" if cfg.output_dir else ""
     command = f"lightning-fl bench -c {cfg.config}" + (" --quick" if cfg.quick else "") + flags + f" --jobs {cfg.jobs}"
 
@@ -149,6 +157,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
             wandb_project=cfg.wandb_project,
             report_only=cfg.report_only,
             title=f"{Path(cfg.config).stem}, {'quick' if cfg.quick else 'full'} budget",
+            lock=lock,
         )
         failed = [f"{r['defence']}/{r['attack']}/{r['threat_model']}" for r in rows if "failed" in r["status"]]
         if failed:

@@ -398,7 +398,7 @@ def write_markdown(
             )
         lines += _bound_lines(rows, threat_model)
         lines += _round_lines(rows, threat_model)
-    seeds = sorted({r["seeds"] for r in rows})
+    seeds = ", ".join(str(n) for n in sorted({r["seeds"] for r in rows}))  # how many, not which ("[1]": seed 1?)
     lines += [
         "",
         f"Seeds per cell: {seeds}. Test accuracy and ε: the defence's utility run (the config's data, model and loop "

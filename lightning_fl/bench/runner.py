@@ -24,6 +24,7 @@ from typing import Any
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
 from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
+from lightning_fl.federation.run_lock import RunLock
 
 __all__ = ["available_cores", "run_bench", "threads_per_job"]
 
@@ -137,6 +138,7 @@ def run_bench(
     report_only: bool = False,
     title: str | None = None,
     print_: Callable[[str], None] = _PRINT,
+    lock: RunLock | None = None,
 ) -> list[dict[str, Any]]:
     """Run the grid of ``settings`` and write ``bench.csv``, ``bench.md`` and the per-threat-model plots.
 
@@ -161,14 +163,49 @@ def run_bench(
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
         a run of it failed.
 
+    ``lock``: ``output_dir``'s run lock when the caller took it already (the command takes it before it returns
+    from its checks); released when the bench ends either way.
+
+    Raises:
+        RuntimeError: another bench (or run) holds ``output_dir``'s run lock
+            (:class:`~lightning_fl.federation.RunLock`, held while the bench runs), naming its pid.
+
     Example::
 
         settings = load_settings("configs/bench_digits.yaml", quick=True)
         settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
         rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
+    lock = lock or RunLock(output_dir)  # one bench writes a table: a second one into the directory stops here
+    try:
+        lock.acquire()
+        return _run_grid(
+            settings,
+            Path(output_dir),
+            jobs=jobs,
+            command=command,
+            wandb_project=wandb_project,
+            report_only=report_only,
+            title=title,
+            print_=print_,
+        )
+    finally:
+        lock.release()
+
+
+def _run_grid(
+    settings: Mapping[str, Any],
+    output_dir: Path,
+    *,
+    jobs: int,
+    command: str,
+    wandb_project: str | None,
+    report_only: bool,
+    title: str | None,
+    print_: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """:func:`run_bench`'s work, with the output directory's run lock held."""
     settings = expand_strengths(apply_only(settings))
-    output_dir = Path(output_dir)
     utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
     grid: list[Cell] = cells(settings)
     results, todo_cells = _stored(grid, settings, output_dir / "cells")
@@ -181,6 +218,11 @@ def run_bench(
         f"attack cells to run ({len(grid) - todo} already done) in {len(groups)} attack run(s), with {jobs} job(s)"
     )
     started = time.perf_counter()
+    if report_only and todo == len(grid):  # no cell of this grid finished: a report of nothing
+        raise ValueError(
+            f"report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
+            "--report_only first (the same selection and output_dir)."
+        )
     if report_only:
         print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
         command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""

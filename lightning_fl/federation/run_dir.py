@@ -101,10 +101,26 @@ def _resume_hint(output_dir: Path, *, can_resume: bool) -> str:
     if not can_resume:
         return "use"
     try:
-        committed = Checkpoint(output_dir).read_manifest() is not None
+        manifest = Checkpoint(output_dir).read_manifest()
     except ValueError:  # another manifest format, or damaged: --resume true would be refused
         return "it cannot be resumed (its manifest.json is of another lightning-fl version or damaged); use"
-    return "use --resume true to continue it," if committed else "it has no committed round to --resume true from;"
+    if manifest is None:
+        return "it has no committed round to --resume true from;"
+    rounds = _configured_rounds(output_dir)
+    if rounds is not None and manifest.get("round_idx") == rounds:  # --resume true alone would train nothing
+        return f"it finished its {rounds} rounds (--resume true with a larger --loop.num_rounds adds rounds); use"
+    return "use --resume true to continue it,"
+
+
+def _configured_rounds(output_dir: Path) -> int | None:
+    """``loop.num_rounds`` of the run's ``config.yaml`` (written by the command), or ``None`` when unreadable."""
+    import yaml
+
+    try:
+        rounds = yaml.safe_load((output_dir / "config.yaml").read_text())["loop"]["num_rounds"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return rounds if isinstance(rounds, int) else None
 
 
 def check_run_dir(

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+import lightning_fl.bench.command as command
 import lightning_fl.bench.runner as runner
 from lightning_fl.bench import load_settings
 from lightning_fl.bench.runner import _worker_init, threads_per_job
@@ -17,6 +18,7 @@ from lightning_fl.cli import main
 from tests.bench.test_bench import MINI
 
 _CDP = MINI["defences"]["fed_cdp"]
+_NOISE = "lightning_fl.defences.GaussianNoise"
 
 
 def _broken(path: list[str], value: object) -> dict:
@@ -33,6 +35,10 @@ def _broken(path: list[str], value: object) -> dict:
     [
         (_broken(["defences", "fed_cdp"], {"defences": [{"class_path": "lightning_fl.defences.FedCDPP"}]}), "FedCDPP"),
         (_broken(["defences", "fed_cdp", "loop"], {"num_roundz": 2}), "num_roundz"),
+        (
+            _broken(["defences", "fed_cdp"], {"defences": [{"class_path": _NOISE, "init_args": {"std": 0.01}}]}),
+            f"std is not an option of {_NOISE}; its options: noise_std, unit; fix it in the config.",
+        ),
         (_broken(["threat_models", "fedsgd_b1_trained", "leak_point"], "gradient"), "leak_point='gradient'"),
         (_broken(["threat_models", "fedsgd_b1_trained", "attack_rounds"], [99]), "attack_rounds has [99]"),
         (_broken(["data", "num_clients"], 0), "num_clients"),
@@ -139,6 +145,56 @@ def test_a_preset_starts_from_its_base_and_overrides_it(tmp_path) -> None:
     (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
     with pytest.raises(ValueError, match="leads back to itself"):
         load_settings(tmp_path / "loop.yaml")
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch) -> None:
+    """Two benches writing one table race on bench.md and on each other's runs (each saw the other's runs locked
+    and failed those rows): the bench holds the output directory's run lock, so the second one stops at once."""
+    import os
+
+    from lightning_fl.bench import run_bench
+    from lightning_fl.federation import RunLock
+
+    config, out = tmp_path / "bench.yaml", tmp_path / "out"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    lock = RunLock(out)
+    lock.acquire()  # the first bench, still running
+    try:
+        assert main(["bench", "-c", str(config)]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"output_dir {str(out)!r} is in use by another lightning-fl run (pid {os.getpid()}" in line
+        with pytest.raises(RuntimeError, match="is in use by another lightning-fl run"):
+            run_bench(MINI, out, print_=lambda _: None)
+        assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
+    finally:
+        lock.release()
+
+    def another_bench_starts_meanwhile(settings: object) -> None:  # both passed the first check: one wins the lock
+        lock.acquire()
+
+    monkeypatch.setattr(command, "check_grid", another_bench_starts_meanwhile)
+    try:
+        assert main(["bench", "-c", str(config)]) == 2
+        assert "is in use by another lightning-fl run" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == [".lightning-fl.lock"]
+    finally:
+        lock.release()
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys) -> None:
+    """It crashed drawing zero panels (ZeroDivisionError, exit 1)."""
+    from lightning_fl.bench import run_bench
+
+    config, out = tmp_path / "bench.yaml", tmp_path / "out"
+    config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    assert main(["bench", "-c", str(config), "--report_only"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--report_only: {str(out)!r} holds no finished cell; run the bench without --report_only first." in line
+    with pytest.raises(ValueError, match="report_only: no cell of this grid has finished in"):
+        run_bench(MINI, out, report_only=True, print_=lambda _: None)
+    assert not (out / "bench.md").exists()
 
 
 @pytest.mark.parametrize(

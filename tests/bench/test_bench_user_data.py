@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 import yaml
 
 from lightning_fl.bench import run_bench
@@ -39,6 +40,8 @@ def test_bench_runs_a_user_datamodule_from_yaml_with_a_selection_and_run_bench_g
     (row,) = _table(tmp_path / "command")
     assert (row["defence"], row["attack"], row["threat_model"], row["status"]) == ("none", "ig", "fedsgd_b1", "ok")
     assert float(row["psnr_mean"]) > 20.0  # Inverting Gradients recovers one 8x8 digit of the user's data
+    assert not (tmp_path / "command" / ".lightning-fl.lock").exists()  # the bench's lock is released
+    assert "Seeds per cell: 1. " in (tmp_path / "command" / "bench.md").read_text()  # a count ("[1]" read as seed 1)
 
     # the same settings in Python, the DataModule as a class path alone, the selection as only:
     settings = {**USER_GRID, "data": {**USER_GRID["data"], "dataset": _USER_DATA["class_path"]}, "only": SELECTION}
@@ -52,3 +55,41 @@ def test_a_dataset_class_path_that_does_not_import_names_the_key(tmp_path) -> No
     spec = {"seed": 0, "data": {"dataset": "tests.user_project.NoSuchData"}, "model": MINI["model"], "loop": {}}
     with pytest.raises(ValueError, match=r"^data.dataset \(class_path 'tests.user_project.NoSuchData'\): "):
         build_loop(spec, tmp_path)
+
+
+@pytest.mark.parametrize("dataset", [_USER_DATA, _USER_DATA["class_path"]])
+def test_the_attackers_public_data_is_the_user_datamodules_test_split(dataset) -> None:
+    """A prior-only guess (``PriorBaseline``) on a bench over a user's DataModule gets that DataModule's own test
+    split, read through its ``setup``/``test_dataloader`` hooks (not a data set named by the bench)."""
+    from lightning_fl.bench.cell import build_attack, public_data
+    from tests.user_project import DigitsDataModule
+
+    spec = {"seed": 0, "data": {**USER_GRID["data"], "dataset": dataset}}
+    public = public_data(spec)
+    user = DigitsDataModule()
+    user.setup("test")
+    expected = user.test_dataloader().dataset
+    assert len(public) == len(expected) == 297
+    assert all(torch.equal(public[i][0], expected[i][0]) and int(public[i][1]) == int(expected[i][1]) for i in (0, 296))
+
+    prior = {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": "mean"}}
+    attack = build_attack({**spec, "attack": prior}, "prior_mean", 0)
+    assert tuple(attack.images.shape) == (297, 1, 8, 8)
+    assert torch.allclose(attack.images.mean(0), torch.stack([x for x, _ in expected]).mean(0))
+
+
+def test_a_user_datamodule_without_a_test_split_names_the_guess_that_needs_one() -> None:
+    """Before, the guess failed with the global evaluation's advice (``set loop.eval_every=0``), which a bench whose
+    utility runs evaluate nothing has already followed."""
+    import lightning as L
+
+    from lightning_fl.bench.cell import build_attack
+    from tests.user_project import DigitsDataModule
+
+    class TrainOnly(DigitsDataModule):
+        test_dataloader = L.LightningDataModule.test_dataloader  # the user wrote no test or validation loader
+
+    spec = {"seed": 0, "data": {**USER_GRID["data"], "dataset": TrainOnly()}}
+    spec["attack"] = {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": "mean"}}
+    with pytest.raises(ValueError, match=r"^attacks.prior_mean takes public_data, the test split of data.dataset "):
+        build_attack(spec, "prior_mean", 0)

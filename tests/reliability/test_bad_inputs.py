@@ -49,6 +49,10 @@ FIT_CASES = {
     "aggregator not a class path": (["--loop.aggregator", "NoSuchAgg"], "loop.aggregator: "),
     "model class path unknown": (["--model.class_path", "nope.Model"], "model (class_path 'nope.Model')"),
     "model option misspelt": (["--model.init_args.lrr", "0.1"], "model.init_args.lrr is not an option"),
+    "defence option far from any": (
+        ["--defences", "[{class_path: lightning_fl.defences.GaussianNoise, init_args: {std: 0.01}}]"],
+        "defences.init_args.std is not an option of lightning_fl.defences.GaussianNoise; its options: noise_std, unit.",
+    ),
     "loop key unknown": (["--loop.no_such_key", "1"], "--loop.no_such_key"),
     "loop key abbreviated": (["--loop.num_round", "2"], "--loop.num_round"),
     "data key abbreviated": (["--data.num", "3"], "--data.num"),

@@ -62,6 +62,7 @@ def test_fit_into_a_finished_run_is_refused_and_leaves_it_as_it_was(finished, ca
     line = one_error_line(capsys.readouterr().err)
     assert f"output_dir={str(finished)!r} holds a run" in line
     assert "--resume true" in line and "another --output_dir" in line and "--overwrite true" in line
+    assert "it finished its 2 rounds (--resume true with a larger --loop.num_rounds adds rounds)" in line
     assert _files(finished) == before
 
 
@@ -231,7 +232,7 @@ def test_fit_from_python_into_a_run_raises_unless_told_to_resume_or_overwrite(fi
     run = _copy(finished, tmp_path / "run")
     before = _files(run)
     loop = _python_loop(run)
-    with pytest.raises(ValueError, match="holds a run; use --resume true to continue it"):
+    with pytest.raises(ValueError, match=r"holds a run; it finished its 2 rounds \(--resume true with a larger"):
         loop.fit()
     assert _files(run) == before
     assert _python_loop(run).fit(overwrite=True)["rounds_completed"] == 1
