@@ -14,7 +14,7 @@ from tests.wandb_offline import offline_run
 
 
 def _picture(rows: list, path: Path, **_: object) -> Path:
-    save_image(torch.zeros(3, 2, 2), path)  # the plots of an empty report are not under test here
+    save_image(torch.zeros(3, 2, 2), path)  # the plots are not under test here
     return path
 
 
@@ -23,7 +23,7 @@ def test_the_bench_wandb_run_holds_its_settings(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(runner.report, "write_scatter", _picture)
     monkeypatch.setattr(runner.report, "write_heatmap", _picture)
     settings = {**MINI, "only": {"defences": ["none"], "attacks": ["ig"]}}
-    run_bench(settings, tmp_path, report_only=True, wandb_project="bench-test", jobs=1, print_=lambda _: None)
+    run_bench(settings, tmp_path, wandb_project="bench-test", jobs=1, print_=lambda _: None)  # one tiny cell
     config = offline_run(tmp_path)["config"]
     assert config["data"]["dataset"] == "digits" and config["loop"]["num_rounds"] == 2
     assert list(config["defences"]) == ["none"] and config["seeds"] == [0] and config["jobs"] == 1
