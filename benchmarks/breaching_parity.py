@@ -16,7 +16,8 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
   (:func:`matched_options`), and ours with its defaults; PSNR, SSIM, label accuracy, share of images at
   ``--success-psnr`` dB or more, process CPU seconds per batch;
 - ``dlg`` and ``ig``: breaching's shipped ``deepleakage`` and ``invertinggradients`` attackers and our ``DLGAttack``
-  and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults) on one gradient of one
+  and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults; for ``ig`` also
+  ``configs/inverting_gradients_full.yaml``'s attack as shipped, ``--sides "ours config"``) on one gradient of one
   32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs), the same
   ``--backbone`` weights on both sides (our module is breaching's model), the same random start where the shapes
   allow (breaching's ``torch.randn`` under ``torch.manual_seed(seed)`` draws what our seeded generator draws). The
@@ -41,6 +42,7 @@ from statistics import mean
 
 import breaching
 import torch
+from _config import instantiate, read_yaml
 from _timing import clock
 from analytic_attack import held_out
 from hydra import compose, initialize_config_module
@@ -73,8 +75,10 @@ from lightning_fl.models import MLP, build_backbone
 THEIRS = ("iDLG", "analytic", "yin", "wainakh-simple", "wainakh-whitebox", "bias-corrected")
 OURS = ("idlg", "yin", "llg", "weight_count", "bias_count")
 CPU = dict(dtype=torch.float, device=torch.device("cpu"))
-SIDES = ("breaching", "ours matched", "ours default")
-"""The attacks of the ``dlg`` and ``ig`` parts (:func:`our_attacks`)."""
+SIDES = ("breaching", "ours matched", "ours default", "ours config")
+"""The attacks of the ``dlg`` and ``ig`` parts (:func:`our_attacks`; ``ours config``: ``ig`` only)."""
+FULL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inverting_gradients_full.yaml"
+"""The shipped ``full``-budget Inverting Gradients config whose ``attack:`` the ``ours config`` side runs."""
 GRADIENT_MATCHING = {"dlg": "deepleakage", "ig": "invertinggradients"}
 """Our part name -> breaching's attack config."""
 LBFGS_EVALUATIONS = 20
@@ -412,7 +416,8 @@ def our_attacks(part: str, config: DictConfig, *, iterations: int, seed: int) ->
     """Our attack of ``part`` matched to breaching's ``config`` (same optimiser, step size, objective weights, one
     random start from the same draw, no early stop) and with our defaults, both at ``iterations`` (breaching's unit:
     Adam steps for ``ig``; L-BFGS ``step()`` calls for ``dlg``, ``LBFGS_EVALUATIONS`` objective evaluations each,
-    ours counting evaluations)."""
+    ours counting evaluations); for ``ig`` also the ``attack:`` of :data:`FULL_CONFIG` as shipped (its own budget,
+    priors and restarts; ``iterations`` does not apply)."""
     common = {"progress_bar": False, "seed": seed}
     if part == "ig":
         matched = InvertingGradientsAttack(
@@ -422,7 +427,11 @@ def our_attacks(part: str, config: DictConfig, *, iterations: int, seed: int) ->
             tv_weight=config.regularization.total_variation.scale,
             **common,
         )
-        return {"ours matched": matched, "ours default": InvertingGradientsAttack(max_iterations=iterations, **common)}
+        return {
+            "ours matched": matched,
+            "ours default": InvertingGradientsAttack(max_iterations=iterations, **common),
+            "ours config": instantiate(read_yaml(FULL_CONFIG)["attack"], **common),
+        }
     evaluations = iterations * LBFGS_EVALUATIONS
     matched = DLGAttack(
         max_iterations=evaluations,
@@ -548,10 +557,18 @@ def main() -> None:
     parser.add_argument(
         "--local-lr", type=float, default=1e-3, help="dlg, ig: the client SGD step size (breaching: 1e-3)"
     )
-    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES, help="dlg, ig: the attacks run")
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=["breaching", "ours matched", "ours default"],
+        choices=SIDES,
+        help="dlg, ig: the attacks run ('ours config': ig only)",
+    )
     parser.add_argument("--device", default="cpu", help="dlg, ig: where both sides run (cuda: wall seconds)")
     parser.add_argument("--success-psnr", type=float, default=20.0, help="stg: PSNR (dB) of a recovered image")
     args = parser.parse_args()
+    if "ours config" in args.sides and args.part != "ig":
+        parser.error(f"--sides 'ours config' runs {FULL_CONFIG.name}, an Inverting Gradients config: use --part ig.")
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
     PARTS[args.part](args)
