@@ -18,7 +18,8 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
 - ``dlg`` and ``ig``: breaching's shipped ``deepleakage`` and ``invertinggradients`` attackers and our ``DLGAttack``
   and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults; for ``ig`` also
   ``configs/inverting_gradients_full.yaml``'s attack as shipped, ``--sides "ours config"``) on one gradient of one
-  32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs), the same
+  32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs, the first ones or
+  ``--photographs``), the same
   ``--backbone`` weights on both sides (our module is breaching's model), the same random start where the shapes
   allow (breaching's ``torch.randn`` under ``torch.manual_seed(seed)`` draws what our seeded generator draws). The
   server sends no buffers, so breaching's user and ours compute the gradient in training mode (BatchNorm with the
@@ -380,15 +381,16 @@ def stg_part(args: argparse.Namespace) -> None:
             print(json.dumps(row | {"cpu_s": round(mean(e[3] for e in entries), 1)}), flush=True)
 
 
-def tiles(count: int, image_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The first held-out ``photo_tiles`` tile of each of the first ``count`` photographs: images, labels, classes."""
+def tiles(photographs: list[int], image_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The first held-out ``photo_tiles`` tile of each of ``photographs`` (class indices): images, labels, classes."""
     data = load_dataset("photo_tiles", train=False, image_size=image_size)
-    if not 1 <= count <= data.num_classes:
+    outside = [k for k in photographs if not 0 <= k < data.num_classes]
+    if outside:
         raise ValueError(
-            f"--images {count}: photo_tiles has {data.num_classes} photographs; use 1..{data.num_classes}."
+            f"--photographs {outside}: photo_tiles has {data.num_classes} photographs; use 0..{data.num_classes - 1}."
         )
     images, labels = data.tensors()
-    first = [int((labels == k).nonzero()[0]) for k in range(count)]
+    first = [int((labels == k).nonzero()[0]) for k in photographs]
     return images[first], labels[first], data.num_classes
 
 
@@ -489,7 +491,10 @@ def reference_terms(model: torch.nn.Module, view: ServerView, truth: torch.Tenso
 
 def gradient_matching_part(args: argparse.Namespace) -> None:
     steps = args.local_steps
-    images, labels, k = tiles(args.images * steps, args.image_size)
+    photographs = args.photographs or list(range(args.images * steps))
+    if len(photographs) != args.images * steps:
+        raise ValueError(f"--photographs: give --images x --local-steps = {args.images * steps} of them.")
+    images, labels, k = tiles(photographs, args.image_size)
     model = gm_victim(args, k)
     scores: dict[str, list[tuple[float, float, float | None, float]]] = {}
     for seed in range(args.images):
@@ -550,6 +555,12 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=16, help="stg, dlg, ig: side of the images")
     parser.add_argument(
         "--images", type=int, default=8, help="dlg, ig: gradients (updates) attacked, of one tile a step"
+    )
+    parser.add_argument(
+        "--photographs",
+        nargs="+",
+        type=int,
+        help="dlg, ig: the photo_tiles photographs whose first held-out tile is attacked (default: the first ones)",
     )
     parser.add_argument("--backbone", default="convnet_small", help="dlg, ig: the attacked model (models registry)")
     parser.add_argument("--train-epochs", type=int, default=0, help="dlg, ig: epochs on photo_tiles before the attack")
