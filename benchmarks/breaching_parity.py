@@ -475,18 +475,23 @@ def gm_runs(part: str, model: torch.nn.Module, view: ServerView, labels: torch.T
     return runs
 
 
-def reference_terms(model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int) -> dict:
+def reference_terms(
+    model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int, found: dict[str, torch.Tensor]
+) -> dict:
     """breaching's shipped Inverting Gradients objective (:func:`objective_terms`, training mode) at the true image,
-    a uniform grey one and the boxed random start of ``seed``, with each one's PSNR: where the optimum sits."""
+    its own mean colour, a uniform grey one, the boxed random start of ``seed`` and each side's returned image in
+    ``found``, with each one's PSNR and SSIM: where the optimum sits and how near each side got to it."""
     start = torch.randn(truth.shape, generator=torch.Generator().manual_seed(seed)).clamp(0, 1)
-    candidates = {"true image": truth, "grey 0.5": torch.full_like(truth, 0.5), "random start": start}
+    colour = truth.mean(dim=(2, 3), keepdim=True).expand_as(truth).contiguous()
+    candidates = {"true image": truth, "own mean colour": colour, "grey 0.5": torch.full_like(truth, 0.5)}
+    candidates |= {"random start": start} | {f"{side} result": recon for side, recon in found.items()}
     config = attack_config(GRADIENT_MATCHING["ig"], 1)
     terms, _ = objective_terms(model, view, config, candidates, buffers=False)
-    return {
-        name: {key: round(value, 4) for key, value in terms[name].items()}
-        | {"psnr": round(float(psnr(candidate, truth).mean()), 2)}
-        for name, candidate in candidates.items()
+    scores = {
+        name: {"psnr": round(float(psnr(x, truth).mean()), 2), "ssim": round(float(ssim(x, truth).mean()), 3)}
+        for name, x in candidates.items()
     }
+    return {name: {key: round(value, 4) for key, value in terms[name].items()} | scores[name] for name in candidates}
 
 
 def gradient_matching_part(args: argparse.Namespace) -> None:
@@ -511,9 +516,12 @@ def gradient_matching_part(args: argparse.Namespace) -> None:
             ),
             args.device,
         )
+        runs = gm_runs(args.part, model, view, truth_labels, args, seed)
         if args.part == "ig" and steps == 1 and args.device == "cpu":
-            print(json.dumps({"part": "ig", "image": seed, "shipped terms": reference_terms(model, view, truth, seed)}))
-        for side, (recon, got, seconds) in gm_runs(args.part, model, view, truth_labels, args, seed).items():
+            found = {side: run[0] for side, run in runs.items()}
+            terms = reference_terms(model, view, truth, seed, found)
+            print(json.dumps({"part": "ig", "image": seed, "shipped terms": terms}), flush=True)
+        for side, (recon, got, seconds) in runs.items():
             rows, cols = match_reconstructions(recon, truth)
             # breaching's label rule on an update returns every class of negative bias (its objective takes the
             # per-step labels the user shares instead): no accuracy when the count is off
