@@ -151,6 +151,15 @@ reproduce-breaching:
 	    --images 2 --iterations 100 --image-size 32 --sides breaching "ours matched" && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part ig \
 	    --images 2 --iterations 2000 --image-size 32 --sides breaching "ours matched" && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part ig \
+	    --backbone conv_bn_pool --image-size 32 --photographs 3 4 6 7 --images 4 --iterations 24000 \
+	    --sides breaching "ours matched" "ours config" && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part dlg \
+	    --backbone conv_bn_pool --image-size 32 --photographs 3 4 --images 2 --iterations 1200 \
+	    --sides breaching "ours matched" && \
+	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/breaching_parity.py --part ig \
+	    --backbone conv_bn_pool --image-size 32 --photographs 3 --images 1 --iterations 2000 \
+	    --sides breaching "ours matched" && \
 	  PYTHONPATH=$(CURDIR):$(BREACHING_PATH) OMP_NUM_THREADS=1 $(BIN)/python benchmarks/robbing_the_fed_parity.py; } $(LOG)
 
 reproduce-grnn:

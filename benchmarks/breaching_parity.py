@@ -16,8 +16,10 @@ that has it, e.g. a venv under /tmp. On the same victims and the same gradients:
   (:func:`matched_options`), and ours with its defaults; PSNR, SSIM, label accuracy, share of images at
   ``--success-psnr`` dB or more, process CPU seconds per batch;
 - ``dlg`` and ``ig``: breaching's shipped ``deepleakage`` and ``invertinggradients`` attackers and our ``DLGAttack``
-  and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults) on one gradient of one
-  32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs), the same
+  and ``InvertingGradientsAttack`` (matched to breaching's config, and with our defaults; for ``ig`` also
+  ``configs/inverting_gradients_full.yaml``'s attack as shipped, ``--sides "ours config"``) on one gradient of one
+  32x32 ``photo_tiles`` image (the first held-out tile of each of ``--images`` photographs, the first ones or
+  ``--photographs``), the same
   ``--backbone`` weights on both sides (our module is breaching's model), the same random start where the shapes
   allow (breaching's ``torch.randn`` under ``torch.manual_seed(seed)`` draws what our seeded generator draws). The
   server sends no buffers, so breaching's user and ours compute the gradient in training mode (BatchNorm with the
@@ -41,6 +43,7 @@ from statistics import mean
 
 import breaching
 import torch
+from _config import instantiate, read_yaml
 from _timing import clock
 from analytic_attack import held_out
 from hydra import compose, initialize_config_module
@@ -73,8 +76,10 @@ from lightning_fl.models import MLP, build_backbone
 THEIRS = ("iDLG", "analytic", "yin", "wainakh-simple", "wainakh-whitebox", "bias-corrected")
 OURS = ("idlg", "yin", "llg", "weight_count", "bias_count")
 CPU = dict(dtype=torch.float, device=torch.device("cpu"))
-SIDES = ("breaching", "ours matched", "ours default")
-"""The attacks of the ``dlg`` and ``ig`` parts (:func:`our_attacks`)."""
+SIDES = ("breaching", "ours matched", "ours default", "ours config")
+"""The attacks of the ``dlg`` and ``ig`` parts (:func:`our_attacks`; ``ours config``: ``ig`` only)."""
+FULL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "inverting_gradients_full.yaml"
+"""The shipped ``full``-budget Inverting Gradients config whose ``attack:`` the ``ours config`` side runs."""
 GRADIENT_MATCHING = {"dlg": "deepleakage", "ig": "invertinggradients"}
 """Our part name -> breaching's attack config."""
 LBFGS_EVALUATIONS = 20
@@ -376,15 +381,16 @@ def stg_part(args: argparse.Namespace) -> None:
             print(json.dumps(row | {"cpu_s": round(mean(e[3] for e in entries), 1)}), flush=True)
 
 
-def tiles(count: int, image_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The first held-out ``photo_tiles`` tile of each of the first ``count`` photographs: images, labels, classes."""
+def tiles(photographs: list[int], image_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The first held-out ``photo_tiles`` tile of each of ``photographs`` (class indices): images, labels, classes."""
     data = load_dataset("photo_tiles", train=False, image_size=image_size)
-    if not 1 <= count <= data.num_classes:
+    outside = [k for k in photographs if not 0 <= k < data.num_classes]
+    if outside:
         raise ValueError(
-            f"--images {count}: photo_tiles has {data.num_classes} photographs; use 1..{data.num_classes}."
+            f"--photographs {outside}: photo_tiles has {data.num_classes} photographs; use 0..{data.num_classes - 1}."
         )
     images, labels = data.tensors()
-    first = [int((labels == k).nonzero()[0]) for k in range(count)]
+    first = [int((labels == k).nonzero()[0]) for k in photographs]
     return images[first], labels[first], data.num_classes
 
 
@@ -412,7 +418,8 @@ def our_attacks(part: str, config: DictConfig, *, iterations: int, seed: int) ->
     """Our attack of ``part`` matched to breaching's ``config`` (same optimiser, step size, objective weights, one
     random start from the same draw, no early stop) and with our defaults, both at ``iterations`` (breaching's unit:
     Adam steps for ``ig``; L-BFGS ``step()`` calls for ``dlg``, ``LBFGS_EVALUATIONS`` objective evaluations each,
-    ours counting evaluations)."""
+    ours counting evaluations); for ``ig`` also the ``attack:`` of :data:`FULL_CONFIG` as shipped (its own budget,
+    priors and restarts; ``iterations`` does not apply)."""
     common = {"progress_bar": False, "seed": seed}
     if part == "ig":
         matched = InvertingGradientsAttack(
@@ -422,7 +429,11 @@ def our_attacks(part: str, config: DictConfig, *, iterations: int, seed: int) ->
             tv_weight=config.regularization.total_variation.scale,
             **common,
         )
-        return {"ours matched": matched, "ours default": InvertingGradientsAttack(max_iterations=iterations, **common)}
+        return {
+            "ours matched": matched,
+            "ours default": InvertingGradientsAttack(max_iterations=iterations, **common),
+            "ours config": instantiate(read_yaml(FULL_CONFIG)["attack"], **common),
+        }
     evaluations = iterations * LBFGS_EVALUATIONS
     matched = DLGAttack(
         max_iterations=evaluations,
@@ -464,23 +475,31 @@ def gm_runs(part: str, model: torch.nn.Module, view: ServerView, labels: torch.T
     return runs
 
 
-def reference_terms(model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int) -> dict:
+def reference_terms(
+    model: torch.nn.Module, view: ServerView, truth: torch.Tensor, seed: int, found: dict[str, torch.Tensor]
+) -> dict:
     """breaching's shipped Inverting Gradients objective (:func:`objective_terms`, training mode) at the true image,
-    a uniform grey one and the boxed random start of ``seed``, with each one's PSNR: where the optimum sits."""
+    its own mean colour, a uniform grey one, the boxed random start of ``seed`` and each side's returned image in
+    ``found``, with each one's PSNR and SSIM: where the optimum sits and how near each side got to it."""
     start = torch.randn(truth.shape, generator=torch.Generator().manual_seed(seed)).clamp(0, 1)
-    candidates = {"true image": truth, "grey 0.5": torch.full_like(truth, 0.5), "random start": start}
+    colour = truth.mean(dim=(2, 3), keepdim=True).expand_as(truth).contiguous()
+    candidates = {"true image": truth, "own mean colour": colour, "grey 0.5": torch.full_like(truth, 0.5)}
+    candidates |= {"random start": start} | {f"{side} result": recon for side, recon in found.items()}
     config = attack_config(GRADIENT_MATCHING["ig"], 1)
     terms, _ = objective_terms(model, view, config, candidates, buffers=False)
-    return {
-        name: {key: round(value, 4) for key, value in terms[name].items()}
-        | {"psnr": round(float(psnr(candidate, truth).mean()), 2)}
-        for name, candidate in candidates.items()
+    scores = {
+        name: {"psnr": round(float(psnr(x, truth).mean()), 2), "ssim": round(float(ssim(x, truth).mean()), 3)}
+        for name, x in candidates.items()
     }
+    return {name: {key: round(value, 4) for key, value in terms[name].items()} | scores[name] for name in candidates}
 
 
 def gradient_matching_part(args: argparse.Namespace) -> None:
     steps = args.local_steps
-    images, labels, k = tiles(args.images * steps, args.image_size)
+    photographs = args.photographs or list(range(args.images * steps))
+    if len(photographs) != args.images * steps:
+        raise ValueError(f"--photographs: give --images x --local-steps = {args.images * steps} of them.")
+    images, labels, k = tiles(photographs, args.image_size)
     model = gm_victim(args, k)
     scores: dict[str, list[tuple[float, float, float | None, float]]] = {}
     for seed in range(args.images):
@@ -497,9 +516,12 @@ def gradient_matching_part(args: argparse.Namespace) -> None:
             ),
             args.device,
         )
+        runs = gm_runs(args.part, model, view, truth_labels, args, seed)
         if args.part == "ig" and steps == 1 and args.device == "cpu":
-            print(json.dumps({"part": "ig", "image": seed, "shipped terms": reference_terms(model, view, truth, seed)}))
-        for side, (recon, got, seconds) in gm_runs(args.part, model, view, truth_labels, args, seed).items():
+            found = {side: run[0] for side, run in runs.items()}
+            terms = reference_terms(model, view, truth, seed, found)
+            print(json.dumps({"part": "ig", "image": seed, "shipped terms": terms}), flush=True)
+        for side, (recon, got, seconds) in runs.items():
             rows, cols = match_reconstructions(recon, truth)
             # breaching's label rule on an update returns every class of negative bias (its objective takes the
             # per-step labels the user shares instead): no accuracy when the count is off
@@ -542,16 +564,30 @@ def main() -> None:
     parser.add_argument(
         "--images", type=int, default=8, help="dlg, ig: gradients (updates) attacked, of one tile a step"
     )
+    parser.add_argument(
+        "--photographs",
+        nargs="+",
+        type=int,
+        help="dlg, ig: the photo_tiles photographs whose first held-out tile is attacked (default: the first ones)",
+    )
     parser.add_argument("--backbone", default="convnet_small", help="dlg, ig: the attacked model (models registry)")
     parser.add_argument("--train-epochs", type=int, default=0, help="dlg, ig: epochs on photo_tiles before the attack")
     parser.add_argument("--local-steps", type=int, default=1, help="dlg, ig: FedAvg SGD steps of one image each")
     parser.add_argument(
         "--local-lr", type=float, default=1e-3, help="dlg, ig: the client SGD step size (breaching: 1e-3)"
     )
-    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES, help="dlg, ig: the attacks run")
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=["breaching", "ours matched", "ours default"],
+        choices=SIDES,
+        help="dlg, ig: the attacks run ('ours config': ig only)",
+    )
     parser.add_argument("--device", default="cpu", help="dlg, ig: where both sides run (cuda: wall seconds)")
     parser.add_argument("--success-psnr", type=float, default=20.0, help="stg: PSNR (dB) of a recovered image")
     args = parser.parse_args()
+    if "ours config" in args.sides and args.part != "ig":
+        parser.error(f"--sides 'ours config' runs {FULL_CONFIG.name}, an Inverting Gradients config: use --part ig.")
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
     PARTS[args.part](args)

@@ -51,3 +51,12 @@ def test_matched_ig_evaluates_breachings_objective(setting: tuple) -> None:
     tv = attack.tv_weight * float(total_variation(candidate))
     assert tv == pytest.approx(theirs["TotalVariation"], rel=0.1)  # breaching also counts the zero-padded border
     assert float(total[0]) == pytest.approx(float(gap[0]) + tv, rel=1e-5)
+
+
+def test_config_side_runs_the_shipped_full_config() -> None:
+    config = parity.attack_config("invertinggradients", 10)
+    attack = parity.our_attacks("ig", config, iterations=10, seed=3)["ours config"]
+    shipped = parity.read_yaml(parity.FULL_CONFIG)["attack"]["init_args"]
+    assert shipped["bn_weight"] > 0 and shipped["restarts"] > 1  # the config's priors and restarts, not breaching's
+    for key, value in shipped.items():
+        assert getattr(attack, key) == (3 if key == "seed" else False if key == "progress_bar" else value), key
