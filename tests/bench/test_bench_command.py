@@ -222,3 +222,12 @@ def test_a_selection_flag_picks_from_the_whole_config_not_only_its_default_selec
     assert main(["bench", "-c", str(config), "--threat_models", "nope"]) == 2
     assert str(sorted(MINI["threat_models"])) in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "preset", ["configs/bench_digits.yaml", "configs/bench_photos.yaml", "configs/bench_cifar10.yaml"]
+)
+def test_a_quick_grid_selects_one_seed_that_seeds_widens_to_the_presets_three(preset: str) -> None:
+    """The quick budgets on the preset's seeds: ``--quick --seeds 0,1,2`` (a quick grid's one seed is a selection)."""
+    assert load_settings(preset, quick=True)["seeds"] == [0]
+    assert load_settings(preset, quick=True, chosen_elsewhere=["seeds"])["seeds"] == [0, 1, 2]
