@@ -27,7 +27,13 @@ __all__ = [
     "private_state",
     "public_state",
     "reset_private_state",
+    "stateful_leaves",
+    "the_normalisation_after",
 ]
+
+NORMALISATIONS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+"""Layers that normalise their input with statistics and/or an affine map of their own (batch, instance, group and
+layer norm)."""
 
 
 def mark_private(module: nn.Module, private: bool = True) -> nn.Module:
@@ -59,6 +65,41 @@ def _walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
         return
     for name, child in module.named_children():
         yield from _walk(child, f"{prefix}{name}.")
+
+
+def stateful_leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of the leaf modules that hold parameters or buffers, in registration order (the forward
+    order of the models in :mod:`lightning_fl.models`); activations and pooling hold none.
+
+    Example:
+        >>> [name for name, _ in stateful_leaves(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.BatchNorm2d(2)))]
+        ['0', '2']
+    """
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if not list(m.children()) and (list(m.parameters(recurse=False)) or list(m.buffers(recurse=False)))
+    ]
+
+
+def the_normalisation_after(model: nn.Module, name: str) -> nn.Module | None:
+    """The normalisation layer (:data:`NORMALISATIONS`) that comes right after module ``name`` (the next stateful
+    leaf outside it), or ``None`` when the next one is something else or there is none.
+
+    A normalisation of a private layer's output belongs to that private layer: its running statistics and affine
+    map are fitted to that client's own features, and averaging them over clients whose private layers differ
+    fits no client (FDL-PP's private layers are "the first several layers", Gu et al. Sec. 2.1; FedBN keeps them
+    local for the same reason).
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Conv2d(2, 2, 3))
+        >>> the_normalisation_after(net, "0") is net[1], the_normalisation_after(net, "1")
+        (True, None)
+    """
+    order = [n for n, _ in model.named_modules()]
+    last = max(i for i, n in enumerate(order) if n == name or n.startswith(f"{name}."))
+    follower = next((leaf for leaf_name, leaf in stateful_leaves(model) if order.index(leaf_name) > last), None)
+    return follower if isinstance(follower, NORMALISATIONS) else None
 
 
 def _private_prefixes(model: nn.Module) -> tuple[str, ...]:

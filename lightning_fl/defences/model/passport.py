@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fl.defences.base import Defence, apply_layers
+from lightning_fl.private import mark_private, the_normalisation_after
 
 __all__ = ["PassportConv2d", "PassportDistribution", "PassportReduction", "Passports", "add_passports"]
 
@@ -218,6 +219,10 @@ def add_passports(
 ) -> nn.Module:
     """Retrofit FDL-PP: turn the first ``num_convs`` convolutions of ``model`` into private passport layers.
 
+    A normalisation right after a passport layer (a conv-BatchNorm block) becomes private with it
+    (:func:`~lightning_fl.private.the_normalisation_after`): it normalises the client's own features, and FDL-PP
+    keeps "the first several layers" private, not a convolution without its normalisation.
+
     FDL-PP puts one passport layer in AlexNet's private first layer and one in each of LeNet's three
     convolutions ("three layers ... separately", paper Sec. 3): ``num_convs=1`` and ``3``. Convolutions are
     counted in registration order (``model.named_modules()``), which is the forward order of the models in
@@ -250,6 +255,9 @@ def add_passports(
             reduction=reduction,
         )
         _replace(model, name, layer)
+        norm = the_normalisation_after(model, name)
+        if norm is not None:  # it normalises the client's own features: part of the private layer
+            mark_private(norm)
     return model
 
 

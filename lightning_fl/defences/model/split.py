@@ -13,17 +13,9 @@ import torch
 from torch import nn
 
 from lightning_fl.defences.base import Defence, apply_layers
-from lightning_fl.private import mark_private, private_modules
+from lightning_fl.private import mark_private, private_modules, stateful_leaves
 
 __all__ = ["PrivateFineTuning", "PrivateSplit", "split_private"]
-
-
-def _leaves_with_state(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if not list(m.children()) and (list(m.parameters(recurse=False)) or list(m.buffers(recurse=False)))
-    ]
 
 
 def split_private(model: nn.Module, *, cut: int | str = 1) -> nn.Module:
@@ -47,7 +39,7 @@ def split_private(model: nn.Module, *, cut: int | str = 1) -> nn.Module:
         >>> sorted(private_state(split_private(LeNetDLG(in_channels=1), cut=1)))
         ['body.0.bias', 'body.0.weight']
     """
-    leaves = _leaves_with_state(model)
+    leaves = stateful_leaves(model)
     if isinstance(cut, str):
         order = [name for name, _ in model.named_modules()]
         if cut not in order:
