@@ -182,19 +182,26 @@ def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp
         lock.release()
 
 
+@pytest.mark.parametrize("stored", [None, "another grid's"])
 @pytest.mark.usefixtures("cwd_with_finished_runs")
-def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys) -> None:
-    """It crashed drawing zero panels (ZeroDivisionError, exit 1)."""
+def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys, stored) -> None:
+    """It crashed drawing zero panels (ZeroDivisionError, exit 1); then the command and run_bench checked it each in
+    its own words, the command by any ``cells/*.json`` (a cell of another selection passed it)."""
     from lightning_fl.bench import run_bench
 
     config, out = tmp_path / "bench.yaml", tmp_path / "out"
     config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    if stored:  # a finished cell of other settings: not one of this grid's
+        (out / "cells").mkdir(parents=True)
+        (out / "cells" / "none__ig__fedsgd_b1__0.json").write_text(json.dumps({"fingerprint": "other settings"}))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert main(["bench", "-c", str(config), "--report_only"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert f"--report_only: {str(out)!r} holds no finished cell; run the bench without --report_only first." in line
-    with pytest.raises(ValueError, match="report_only: no cell of this grid has finished in"):
+    with pytest.raises(ValueError) as raised:
         run_bench(MINI, out, report_only=True, print_=lambda _: None)
-    assert not (out / "bench.md").exists()
+    assert str(raised.value) in line  # one check, one message, from the command and from Python
+    assert f"--report_only: no cell of this grid has finished in {str(out)!r}; run the bench without" in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
 @pytest.mark.parametrize(
