@@ -26,6 +26,7 @@ from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_fit import assemble_loop, instantiate_config
 from lightning_fl.cli_lists import parse_with_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
+from lightning_fl.cli_resume import check_resume_settings
 from lightning_fl.cli_schema import config_files, store_schema
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
@@ -118,6 +119,12 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
     check_model_takes_inputs(loop.global_model, init.data.train_dataloader(0))
+    manifest = loop.checkpoint.read_manifest() if cfg.resume else None
+    if manifest is not None:  # a refusal names the changed keys as config.yaml and the command line write them
+        config = _resolved_config(saved)
+        config["model"].setdefault("init_args", {}).update({k: new for k, (_, new) in links.items()})
+        fingerprint = loop.checkpoint.fingerprint(loop.parts)
+        check_resume_settings(output_dir, stored=manifest.get("fingerprint", {}), current=fingerprint, config=config)
     if cfg.resume:
         # digests first (a truncated file is named as such), then the safe unpickler; uncommitted files are
         # deleted unread
