@@ -60,11 +60,15 @@ def _run(kind: str, payload: Any, output_dir: str, trained: str | None = None) -
         return {"status": failure(err)} if kind == "utility" else {name: {"status": failure(err)} for name in payload}
 
 
-def _worker_init(threads: int) -> None:
-    """In a worker: its share of the cores; Ctrl+C is the main process's to handle (it stops the workers), and
-    SIGTERM is not turned into the command's exception, which the pool would survive."""
+def _worker_init(threads: int, bench: int) -> None:
+    """In a worker: its share of the cores; it dies with the bench process ``bench`` (a bench killed with SIGKILL
+    leaves no worker training on, into its output directory); Ctrl+C is the main process's to handle (it stops the
+    workers), and SIGTERM is not turned into the command's exception, which the pool would survive."""
     import torch
 
+    from lightning_fl.federation.distributed import die_with_parent
+
+    die_with_parent(bench)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -120,7 +124,9 @@ class _Executor:
 
     def __init__(self, jobs: int) -> None:
         self.pool = (
-            ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(threads_per_job(jobs),))
+            ProcessPoolExecutor(
+                max_workers=jobs, initializer=_worker_init, initargs=(threads_per_job(jobs), os.getpid())
+            )
             if jobs > 1
             else None
         )
