@@ -21,7 +21,7 @@ import lightning as L
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, DefaultHelpFormatter, Namespace
 
 from lightning_fl.cli_help import SUBCOMMAND_HELP
-from lightning_fl.datamodules.federated import FederatedDataModule
+from lightning_fl.datamodules.federated import FederatedDataModule, check_name_only_keys
 from lightning_fl.defences.base import Defence
 from lightning_fl.federation.loop import FederatedLoop
 from lightning_fl.transforms import ServerPlugin
@@ -202,6 +202,9 @@ def build_fit_loop(
     from lightning_fl.cli_errors import one_line
 
     parser = _build_parser()
+    data = config.get("data") or {}
+    if data.get("dataset") is not None:  # without one, the default name
+        check_name_only_keys(data["dataset"], data)  # what the mapping gives: a default is not in it
     try:
         cfg = parser.parse_object(dict(config))
         init = instantiate_config(parser, cfg)

@@ -24,8 +24,9 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_fit import assemble_loop, instantiate_config
-from lightning_fl.cli_lists import parse_with_list_entries
+from lightning_fl.cli_lists import parse_with_list_entries, split_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
+from lightning_fl.cli_resume import check_resume_settings
 from lightning_fl.cli_schema import config_files, store_schema
 from lightning_fl.cli_signals import (
     EXIT_BAD_CONFIG,
@@ -35,6 +36,7 @@ from lightning_fl.cli_signals import (
     interrupted,
     sigterm_raises,
 )
+from lightning_fl.datamodules.federated import NAME_ONLY_KEYS, check_name_only_keys
 from lightning_fl.defences.base import apply_defences
 from lightning_fl.federation.distributed import die_with_launcher
 from lightning_fl.federation.export import GLOBAL_MODEL_FILE, load_global_model, save_global_model
@@ -78,8 +80,20 @@ def _resolved_config(cfg: Namespace) -> dict[str, Any]:
     return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
 
 
-_NAME_ONLY_DATA_KEYS = ("image_size", "channels", "root", "download")
+_NAME_ONLY_DATA_KEYS = (*NAME_ONLY_KEYS, "download")
 """Keys of ``data:`` that only a dataset name or ImageFolder path uses (see ``FederatedDataModule``)."""
+
+
+def _check_given_data_keys(parser: ArgumentParser, args: list[str], cfg: Namespace) -> None:
+    """A name-only ``data`` key given with a user's Dataset or DataModule exits 2 (:func:`check_name_only_keys`):
+    judged on what the config files and the command line give, parsed again without the defaults (the default
+    ``data.image_size`` reads the same as one given)."""
+    data = cfg[cfg.subcommand].get("data")
+    dataset = data.get("dataset") if isinstance(data, Namespace) else None
+    if dataset is None or isinstance(dataset, str):  # a name or a folder; the bench checks its grid's runs
+        return
+    given = parser.parse_args(split_list_entries(args)[0], defaults=False)[cfg.subcommand].get("data")
+    check_name_only_keys(dataset, given.as_dict() if isinstance(given, Namespace) else {})
 
 
 def _saved_config(cfg: Namespace) -> Namespace:
@@ -118,6 +132,12 @@ def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[st
     saved = _saved_config(cfg)
     loop.recorder.config = _resolved_config(saved)
     check_model_takes_inputs(loop.global_model, init.data.train_dataloader(0))
+    manifest = loop.checkpoint.read_manifest() if cfg.resume else None
+    if manifest is not None:  # a refusal names the changed keys as config.yaml and the command line write them
+        config = _resolved_config(saved)
+        config["model"].setdefault("init_args", {}).update({k: new for k, (_, new) in links.items()})
+        fingerprint = loop.checkpoint.fingerprint(loop.parts)
+        check_resume_settings(output_dir, stored=manifest.get("fingerprint", {}), current=fingerprint, config=config)
     if cfg.resume:
         # digests first (a truncated file is named as such), then the safe unpickler; uncommitted files are
         # deleted unread
@@ -339,6 +359,7 @@ def _main(args: list[str]) -> int:
         parser = build_parser()
         store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
         cfg = parse_with_list_entries(parser, args)
+        _check_given_data_keys(parser, args, cfg)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:
         return interrupted(err)

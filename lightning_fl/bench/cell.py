@@ -8,6 +8,7 @@ An attack that changes the run (a malicious server's model) has a run of its own
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -180,23 +181,52 @@ def public_data(spec: Mapping[str, Any], *, attack: str = "<attack>") -> Any:
     cell's data set, at its image size; the clients train, and are attacked, on the training split only.
 
     ``data`` is read as the run reads it (:func:`~lightning_fl.bench.experiment.data_config`, every ``class_path``
-    built): a user's ``LightningDataModule`` gives the split its ``test_dataloader()`` holds after ``setup``.
+    built): a user's ``LightningDataModule`` gives the split its ``test_dataloader()`` holds after ``setup``. The
+    split is built once per process and data setting (:func:`_test_split`) and shared by every attack and cell
+    that asks for it: only the partition differs between them, and the test split is not partitioned.
 
     Raises:
         ValueError: naming ``attacks.<attack>`` when the data has no test (or validation) split to give.
     """
+    kind, test_set = _test_split(spec["data"])
+    if test_set is None:
+        raise ValueError(
+            f"attacks.{attack} takes public_data, the test split of data.dataset ({kind}), which has none; give the "
+            "LightningDataModule a test_dataloader() (or val_dataloader()), or set the attack's init_args.public_data."
+        )
+    return test_set
+
+
+_PARTITION_KEYS = frozenset(
+    {"num_clients", "partition", "alpha", "shards_per_client", "overlapping_buckets", "val_fraction", "batch_size"}
+    | {"eval_batch_size", "seed"}
+)
+"""``data`` keys that change how the training split is partitioned and batched, never the test split."""
+
+
+def _test_split(data: Mapping[str, Any]) -> tuple[str, Any]:
+    """``(the data set's kind, its test split or None)`` of a spec's ``data``, from :func:`_cached_test_split` when
+    the settings are plain data (a built data set, from Python, is read each time)."""
+    settings = {k: v for k, v in data.items() if k not in _PARTITION_KEYS}
+    try:
+        key = json.dumps(settings, sort_keys=True)
+    except TypeError:
+        return _read_test_split(settings)
+    return _cached_test_split(key)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_test_split(settings: str) -> tuple[str, Any]:
+    return _read_test_split(json.loads(settings))
+
+
+def _read_test_split(settings: Mapping[str, Any]) -> tuple[str, Any]:
     from lightning_fl.bench.experiment import data_config
     from lightning_fl.config import build
     from lightning_fl.datamodules import FederatedDataModule
 
-    data = FederatedDataModule(**{"seed": int(spec["seed"]), **build(data_config(spec["data"]))})
-    if not data.has_test_set:
-        raise ValueError(
-            f"attacks.{attack} takes public_data, the test split of data.dataset ({type(data.dataset).__name__}), "
-            "which has none; give the LightningDataModule a test_dataloader() (or val_dataloader()), or set the "
-            "attack's init_args.public_data."
-        )
-    return data.test_set
+    data = FederatedDataModule(**build(data_config(settings)))
+    return type(data.dataset).__name__, data.test_set if data.has_test_set else None
 
 
 def attack_loop(specs: Mapping[str, Mapping[str, Any]], output_dir: str | Path) -> tuple[Any, list[Any]]:

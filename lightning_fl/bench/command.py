@@ -123,7 +123,7 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
 
     The call's ``resume_hint`` is what the command prints when the bench is interrupted.
     """
-    from lightning_fl.bench.runner import run_bench
+    from lightning_fl.bench.runner import check_report_only, run_bench
     from lightning_fl.federation.run_lock import RunLock
     from lightning_fl.validation import check_output_dir
 
@@ -136,13 +136,11 @@ def prepare_bench(parser: ArgumentParser, cfg: Namespace) -> Callable[[], list[d
         flags += f" --data.root {cfg.data.root}"
     output_dir = Path(cfg.output_dir or settings.get("output_dir", "runs/bench"))
     check_output_dir(output_dir)
-    if cfg.report_only and not any((output_dir / "cells").glob("*.json")):
-        raise ValueError(
-            f"--report_only: {str(output_dir)!r} holds no finished cell; run the bench without --report_only first."
-        )
     lock = RunLock(output_dir)
     lock.check()  # a bench running there: exit 2 now, not after building the grid
-    if not cfg.report_only:
+    if cfg.report_only:
+        check_report_only(settings, output_dir)  # before the lock writes: a report of nothing writes nothing
+    else:
         check_grid(settings)
     lock.acquire()  # the last check and the first write, as fit's: a bench started alongside exits 2 too
     flags += f" --output_dir {cfg.output_dir}" if cfg.output_dir else ""

@@ -26,7 +26,7 @@ from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_ato
 from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
 from lightning_fl.federation.run_lock import RunLock
 
-__all__ = ["available_cores", "run_bench", "threads_per_job"]
+__all__ = ["available_cores", "check_report_only", "run_bench", "threads_per_job"]
 
 _PRINT = partial(print, flush=True)  # progress lines appear as they happen, also in a log file
 _GLOBAL_MODEL = "global_model.safetensors"  # lightning_fl.federation.export.GLOBAL_MODEL_FILE, without importing torch
@@ -60,11 +60,15 @@ def _run(kind: str, payload: Any, output_dir: str, trained: str | None = None) -
         return {"status": failure(err)} if kind == "utility" else {name: {"status": failure(err)} for name in payload}
 
 
-def _worker_init(threads: int) -> None:
-    """In a worker: its share of the cores; Ctrl+C is the main process's to handle (it stops the workers), and
-    SIGTERM is not turned into the command's exception, which the pool would survive."""
+def _worker_init(threads: int, bench: int) -> None:
+    """In a worker: its share of the cores; it dies with the bench process ``bench`` (a bench killed with SIGKILL
+    leaves no worker training on, into its output directory); Ctrl+C is the main process's to handle (it stops the
+    workers), and SIGTERM is not turned into the command's exception, which the pool would survive."""
     import torch
 
+    from lightning_fl.federation.distributed import die_with_parent
+
+    die_with_parent(bench)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -99,12 +103,30 @@ def _stored(runs: list[Any], settings: Mapping[str, Any], folder: Path) -> tuple
     return done, todo
 
 
+def check_report_only(settings: Mapping[str, Any], output_dir: str | Path) -> None:
+    """Check that a ``--report_only`` bench has something to report: a cell of this grid (its selection and
+    settings) finished in ``output_dir``. Reads only, so it runs before the run lock writes anything.
+
+    Raises:
+        ValueError: when none has, naming the directory and the fix.
+    """
+    settings = expand_strengths(apply_only(settings))
+    done, _ = _stored(cells(settings), settings, Path(output_dir) / "cells")
+    if not done:  # a report of nothing (it crashed drawing zero panels)
+        raise ValueError(
+            f"--report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
+            "--report_only first (the same selection and output_dir)."
+        )
+
+
 class _Executor:
     """``jobs`` worker processes, or this process when ``jobs`` is 1 (the same calls, run at once)."""
 
     def __init__(self, jobs: int) -> None:
         self.pool = (
-            ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(threads_per_job(jobs),))
+            ProcessPoolExecutor(
+                max_workers=jobs, initializer=_worker_init, initargs=(threads_per_job(jobs), os.getpid())
+            )
             if jobs > 1
             else None
         )
@@ -167,6 +189,7 @@ def run_bench(
     from its checks); released when the bench ends either way.
 
     Raises:
+        ValueError: ``report_only`` before any cell of the grid finished (:func:`check_report_only`).
         RuntimeError: another bench (or run) holds ``output_dir``'s run lock
             (:class:`~lightning_fl.federation.RunLock`, held while the bench runs), naming its pid.
 
@@ -176,6 +199,8 @@ def run_bench(
         settings["only"] = {"defences": ["none"], "attacks": ["ig"], "threat_models": ["fedsgd_b1"], "seeds": [0]}
         rows = run_bench(settings, "runs/bench_ig")  # one cell: rows[0]["psnr"], rows[0]["test_accuracy"]
     """
+    if report_only:
+        check_report_only(settings, output_dir)
     lock = lock or RunLock(output_dir)  # one bench writes a table: a second one into the directory stops here
     try:
         lock.acquire()
@@ -218,11 +243,6 @@ def _run_grid(
         f"attack cells to run ({len(grid) - todo} already done) in {len(groups)} attack run(s), with {jobs} job(s)"
     )
     started = time.perf_counter()
-    if report_only and todo == len(grid):  # no cell of this grid finished: a report of nothing
-        raise ValueError(
-            f"report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
-            "--report_only first (the same selection and output_dir)."
-        )
     if report_only:
         print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
         command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""

@@ -1,7 +1,7 @@
 """Federated data: datasets by name, partitioners and the FederatedDataModule."""
 
 from lightning_fl.datamodules.datasets import OFFLINE_DATASETS, ImageTensorDataset, load_dataset
-from lightning_fl.datamodules.federated import DataSource, FederatedDataModule
+from lightning_fl.datamodules.federated import NAME_ONLY_KEYS, DataSource, FederatedDataModule, check_name_only_keys
 from lightning_fl.datamodules.partitioners import (
     PARTITIONERS,
     dataset_labels,
@@ -13,11 +13,13 @@ from lightning_fl.datamodules.partitioners import (
 )
 
 __all__ = [
+    "NAME_ONLY_KEYS",
     "OFFLINE_DATASETS",
     "PARTITIONERS",
     "DataSource",
     "FederatedDataModule",
     "ImageTensorDataset",
+    "check_name_only_keys",
     "dataset_labels",
     "dirichlet_partition",
     "iid_partition",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,53 @@ from lightning_fl.datamodules.datasets import TORCHVISION_DATASETS, ImageTensorD
 from lightning_fl.datamodules.partitioners import PARTITIONERS, PartitionName, dataset_labels, partition
 from lightning_fl.messages import GroundTruth
 
-__all__ = ["DataSource", "FederatedDataModule"]
+__all__ = ["NAME_ONLY_KEYS", "DataSource", "FederatedDataModule", "check_name_only_keys"]
 
 DEFAULT_BATCH_SIZE = 32
 """Local batch size when neither ``data.batch_size`` nor a ``LightningDataModule`` gives one."""
 DEFAULT_IMAGE_SIZE = 32
 """Side length that named datasets and ImageFolders are resized to by default."""
+
+NAME_ONLY_KEYS = ("image_size", "channels", "root")
+"""``data`` keys that say how a dataset name or ImageFolder path is read (resized, its channels, its folder). A
+``Dataset`` or ``LightningDataModule`` is used as it is, so one of them given with it is refused
+(:func:`check_name_only_keys`) rather than ignored. ``download`` is not one: it only permits a download, and a
+DataModule that reads its own files asks for none."""
+
+
+def check_name_only_keys(dataset: object, given: Mapping[str, Any]) -> None:
+    """Refuse a key of :data:`NAME_ONLY_KEYS` that ``given`` sets (to anything but ``None``) when ``dataset`` is not
+    a dataset name or ImageFolder path: it would be ignored.
+
+    Args:
+        dataset: ``data.dataset``, built (a ``Dataset``, a ``LightningDataModule``) or as a config writes it (a
+            name, a path, a ``class_path`` mapping).
+        given: the ``data`` keys the config or the command line gives (not the defaults).
+
+    Raises:
+        ValueError: one line naming the key, the data set and the fix.
+
+    Example:
+        >>> check_name_only_keys("digits", {"image_size": 16, "root": None})
+        >>> check_name_only_keys({"class_path": "my.DataModule"}, {"image_size": None})
+        >>> check_name_only_keys({"class_path": "my.DataModule"}, {"image_size": 32})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: data.image_size=32 applies to dataset names and ImageFolder paths; data.dataset is my.DataModule...
+    """
+    if isinstance(dataset, str | Path):
+        return
+    key = next((k for k in NAME_ONLY_KEYS if given.get(k) is not None), None)
+    if key is None:
+        return
+    entry = dataset.get("class_path") if isinstance(dataset, Mapping) else getattr(dataset, "class_path", None)
+    name = entry or type(dataset).__name__  # a config entry's class, or the built object's
+    raise ValueError(
+        f"data.{key}={given.get(key)!r} applies to dataset names and ImageFolder paths; data.dataset is {name}, "
+        f"which is used as it is: drop data.{key} or set it to null (--data.{key} null), and resize or locate the "
+        "data in its own code."
+    )
+
 
 DataSource = L.LightningDataModule | Dataset | str | Path
 """What a federation can be built from: a dataset name or ImageFolder path, any ``Dataset`` of ``(x, y)`` samples,
@@ -115,11 +157,9 @@ class FederatedDataModule:
                 "data.test_dataset is only used with a Dataset `dataset`; names, folders and LightningDataModules "
                 "bring their own test set."
             )
-        if not isinstance(dataset, str | Path) and (image_size not in (None, DEFAULT_IMAGE_SIZE) or channels):
-            raise ValueError(
-                f"data.image_size={image_size} / data.channels={channels} apply to dataset names and ImageFolder "
-                f"paths; a {type(dataset).__name__} is used as it is: drop them (resize in its own transforms)."
-            )
+        # the default image size cannot be told from one given: the commands check what their config gives
+        shown = {"image_size": None if image_size == DEFAULT_IMAGE_SIZE else image_size}
+        check_name_only_keys(dataset, {**shown, "channels": channels, "root": root})
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1).")
         if (batch_size is not None and batch_size < 1) or eval_batch_size < 1:

@@ -47,8 +47,10 @@ __all__ = [
     "atomic_write",
     "check_format",
     "check_regular_file",
+    "describe_changes",
     "fingerprint_changes",
     "held_signals",
+    "refuse_other_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,15 +139,33 @@ def held_signals() -> Iterator[None]:
             signal.raise_signal(sig)
 
 
-def fingerprint_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: <stored> there, <current> now`` for every setting that differs between two fingerprints.
+def fingerprint_changes(stored: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (stored value, current value)}`` for every setting that differs between two fingerprints.
 
     Example:
         >>> fingerprint_changes({"data.num_clients": 4, "seed": 0}, {"data.num_clients": 3, "seed": 0})
-        ['data.num_clients: 4 there, 3 now']
+        {'data.num_clients': (4, 3)}
     """
     keys = list(dict.fromkeys([*stored, *current]))
-    return [f"{k}: {stored.get(k)!r} there, {current.get(k)!r} now" for k in keys if stored.get(k) != current.get(k)]
+    return {k: (stored.get(k), current.get(k)) for k in keys if stored.get(k) != current.get(k)}
+
+
+def describe_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """``key: old -> new`` for each changed setting, on one line.
+
+    Example:
+        >>> describe_changes({"data.batch_size": (32, 16), "data.partition": ("iid", "dirichlet")})
+        "data.batch_size: 32 -> 16; data.partition: 'iid' -> 'dirichlet'"
+    """
+    return "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
+
+
+def refuse_other_settings(output_dir: Path, changes: Mapping[str, tuple[Any, Any]]) -> ValueError:
+    """The one-line refusal of a resume whose settings differ from the run's in ``output_dir``."""
+    return ValueError(
+        f"resume=true but {str(output_dir)!r} holds a run with other settings ({describe_changes(changes)}); "
+        "resume with the settings of that run or choose another output_dir."
+    )
 
 
 class Stateful(Protocol):
@@ -343,10 +363,7 @@ class Checkpoint:
             )
         changes = fingerprint_changes(manifest.get("fingerprint", {}), fingerprint)
         if changes:
-            raise ValueError(
-                f"resume=true but {str(self.output_dir)!r} holds a run with other settings ({'; '.join(changes)}); "
-                "resume with the settings of that run or choose another output_dir."
-            )
+            raise refuse_other_settings(self.output_dir, changes)
         for entry in _entries(manifest):
             self._read(entry)  # every digest, before anything is restored
         return manifest

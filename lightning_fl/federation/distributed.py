@@ -48,7 +48,16 @@ if TYPE_CHECKING:
     from lightning_fl.federation.client_runner import ClientRunner
     from lightning_fl.federation.client_store import ClientFit
 
-__all__ = ["RankPool", "Ranks", "die_with_launcher", "launch", "ranks_requested", "serve", "single_device_options"]
+__all__ = [
+    "RankPool",
+    "Ranks",
+    "die_with_launcher",
+    "die_with_parent",
+    "launch",
+    "ranks_requested",
+    "serve",
+    "single_device_options",
+]
 
 _LAUNCHED_ONCE = {"ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false"}
 _PROCESS_OPTIONS = ("strategy", "devices", "num_nodes")
@@ -161,25 +170,29 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_launcher() -> None:
-    """In a launched rank, end this process when the process that launched it ends; elsewhere do nothing.
+    """In a launched rank, end this process when the process that launched it ends (:func:`die_with_parent`);
+    elsewhere do nothing."""
+    if launched_rank():
+        die_with_parent(int(os.environ[LAUNCHER_PID_ENV]))
 
-    On Linux the kernel sends SIGKILL on the launcher's death (``prctl(PR_SET_PDEATHSIG)``: a rank blocked in a
-    collective gets no chance to run a Python handler, and it writes nothing); on other systems a daemon thread
-    polls the parent pid. A launcher that died before this call ends the rank at once.
+
+def die_with_parent(parent: int) -> None:
+    """End this process when its parent ``parent`` ends (a DDP rank's launcher, a bench's worker pool owner).
+
+    On Linux the kernel sends SIGKILL on the parent's death (``prctl(PR_SET_PDEATHSIG)``: a process blocked in a
+    collective or on its work queue gets no chance to run a Python handler, and it writes nothing); on other
+    systems a daemon thread polls the parent pid. A parent that died before this call ends the process at once.
     """
-    if not launched_rank():
-        return
-    launcher = int(os.environ[LAUNCHER_PID_ENV])
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     else:
-        threading.Thread(target=_watch_parent, args=(launcher,), daemon=True, name="lightning-fl-parent").start()
-    if os.getppid() != launcher:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="lightning-fl-parent").start()
+    if os.getppid() != parent:
         os._exit(1)
 
 
-def _watch_parent(launcher: int) -> None:
-    while os.getppid() == launcher:
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(1)
 

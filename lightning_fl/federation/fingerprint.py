@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from lightning_fl.contexts import FederationSpec
     from lightning_fl.datamodules.federated import FederatedDataModule
 
-__all__ = ["PLACEMENT_OPTIONS", "federation_fingerprint", "plugin_settings", "trainer_settings"]
+__all__ = ["PLACEMENT_OPTIONS", "PLUGIN_GROUPS", "federation_fingerprint", "plugin_settings", "trainer_settings"]
 
 SECRET_NAME = re.compile(r"(^|_)(secret|password|token|keys?)$")
 """Attribute names whose values are secrets: the fingerprint stores a digest of them, never the value."""
@@ -93,6 +93,21 @@ def _settings(value: Any, key: str, out: dict[str, Any], seen: dict[int, str], d
                 out[f"{key}.{name}"] = f"digest {_digest(repr(attr))}"
                 continue
             _settings(attr, f"{key}.{name}", out, seen, depth + 1)
+
+
+PLUGIN_GROUPS = (
+    "defences",
+    "loop.client_transforms",
+    "loop.server_transforms",
+    "loop.broadcast_transforms",
+    "loop.client_callbacks",
+    "loop.callbacks",
+    "loop.aggregator",
+    "loop.selector",
+    "server_plugins",
+)
+"""The config keys whose plug-ins the fingerprint holds (:func:`plugin_settings`), in its order: each plug-in's
+settings are keyed under its group (``defences[0].noise_multiplier``)."""
 
 
 def plugin_settings(groups: dict[str, Any]) -> dict[str, Any]:
@@ -184,17 +199,11 @@ def federation_fingerprint(
         for k in ("dataset", "num_clients", "partition", "alpha", "val_fraction", "batch_size", "image_size", "seed")
     }
     shapes = [(k, list(v.shape), str(v.dtype)) for k, v in model.state_dict().items()]
-    plugins = {
-        "defences": defences,
-        "loop.client_transforms": client_transforms,
-        "loop.server_transforms": server_transforms,
-        "loop.broadcast_transforms": broadcast_transforms,
-        "loop.client_callbacks": client_callbacks,
-        "loop.callbacks": callbacks,
-        "loop.aggregator": aggregator,
-        "loop.selector": selector,
-        **({"server_plugins": server_plugins} if server_plugins else {}),  # runs without one keep their fingerprint
-    }
+    groups = (defences, client_transforms, server_transforms, broadcast_transforms, client_callbacks, callbacks)
+    groups += (aggregator, selector, server_plugins)
+    plugins = dict(zip(PLUGIN_GROUPS, groups, strict=True))
+    if not server_plugins:
+        del plugins["server_plugins"]  # runs without one keep their fingerprint
     return {
         **plugin_settings(plugins),
         "seed": spec.seed,

@@ -8,7 +8,10 @@ it ends. So of any number of starters exactly one holds the lock, and a lock fil
 writer has not written yet reads as held. A file naming a live process that holds no ``flock`` (written by an
 older lightning-fl) also counts as held; one naming a process that no longer exists on this host is taken over
 with a warning. The ranks a DDP run launches (the script re-run per rank) share their launcher's lock:
-:data:`LAUNCHER_PID_ENV`.
+:data:`LAUNCHER_PID_ENV`. The lock is its owner's alone: a forked child (a bench's or a fit's worker process)
+closes its copy of the descriptor at once, so it never keeps the ``flock`` of an owner that was killed; without
+that, the workers of a bench killed with SIGKILL held it as long as they lived, and every later run was refused
+naming a pid that no longer ran.
 """
 
 from __future__ import annotations
@@ -39,6 +42,25 @@ def launched_rank() -> bool:
     """
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     return launcher is not None and launcher != str(os.getpid())
+
+
+_HELD: set[RunLock] = set()
+"""The locks this process holds, until released (their descriptors are what a forked child must not keep)."""
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the copies of the held locks' descriptors (closing a copy leaves the owner's
+    ``flock`` in place; it only stops the child from keeping it after the owner dies)."""
+    for lock in list(_HELD):
+        if lock._fd is not None:
+            os.close(lock._fd)
+            lock._fd = None
+            lock._at_release.clear()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _alive(pid: int) -> bool:
@@ -155,6 +177,7 @@ class RunLock:
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
         os.fsync(fd)
         self._fd = fd
+        _HELD.add(self)
 
     def at_release(self, action: Callable[[], None]) -> None:
         """Run ``action`` in :meth:`release`, while the lock is still held (e.g. record what the run wrote)."""
@@ -171,6 +194,7 @@ class RunLock:
             self.path.unlink(missing_ok=True)  # before the flock goes: a waiter then finds the path changed
             os.close(self._fd)
             self._fd = None
+            _HELD.discard(self)
 
 
 def _try_flock(fd: int, *, attempts: int) -> bool:

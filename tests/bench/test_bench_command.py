@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,7 @@ from lightning_fl.bench import load_settings
 from lightning_fl.bench.runner import _worker_init, threads_per_job
 from lightning_fl.cli import main
 from tests.bench.test_bench import MINI
+from tests.conftest import REPO
 
 _CDP = MINI["defences"]["fed_cdp"]
 _NOISE = "lightning_fl.defences.GaussianNoise"
@@ -103,11 +110,51 @@ def test_a_failed_run_exits_1_and_an_interrupted_bench_prints_its_own_resume_hin
 def test_each_job_process_takes_its_share_of_the_cores() -> None:
     threads = torch.get_num_threads()
     try:
-        _worker_init(threads_per_job(2, cores=2))
+        _worker_init(threads_per_job(2, cores=2), os.getppid())
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
     assert threads_per_job(1, cores=16) == 16 and threads_per_job(32, cores=16) == 1
+
+
+_BENCH_WITH_WORKERS = """
+import multiprocessing, os, time
+from lightning_fl.bench.runner import _Executor
+
+executor = _Executor(2)
+executor.pool.submit(os.getpid).result()  # its workers are started (and set up) once there is work
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by a PID 1 that does not reap, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_the_workers_of_a_bench_killed_with_sigkill_die_with_it() -> None:
+    """They trained on (into the output directory) and held its run lock: the next bench was refused until they
+    ended, which idle ones never did (they wait for work on a queue the dead bench still held open in them)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's lightning_fl
+    bench = subprocess.Popen([sys.executable, "-c", _BENCH_WITH_WORKERS], stdout=subprocess.PIPE, env=env)
+    workers = [int(pid) for pid in bench.stdout.readline().split()]
+    try:
+        assert workers and all(_running(pid) for pid in workers)
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_running(pid) for pid in workers)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_cifar10_preset_reads_torchvision_files_under_data_root(tmp_path, monkeypatch) -> None:
@@ -182,19 +229,26 @@ def test_a_second_bench_into_an_output_dir_in_use_exits_2_and_writes_nothing(tmp
         lock.release()
 
 
+@pytest.mark.parametrize("stored", [None, "another grid's"])
 @pytest.mark.usefixtures("cwd_with_finished_runs")
-def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys) -> None:
-    """It crashed drawing zero panels (ZeroDivisionError, exit 1)."""
+def test_report_only_before_any_cell_finished_names_the_fix(tmp_path, capsys, stored) -> None:
+    """It crashed drawing zero panels (ZeroDivisionError, exit 1); then the command and run_bench checked it each in
+    its own words, the command by any ``cells/*.json`` (a cell of another selection passed it)."""
     from lightning_fl.bench import run_bench
 
     config, out = tmp_path / "bench.yaml", tmp_path / "out"
     config.write_text(yaml.safe_dump({**MINI, "output_dir": str(out)}))
+    if stored:  # a finished cell of other settings: not one of this grid's
+        (out / "cells").mkdir(parents=True)
+        (out / "cells" / "none__ig__fedsgd_b1__0.json").write_text(json.dumps({"fingerprint": "other settings"}))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert main(["bench", "-c", str(config), "--report_only"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert f"--report_only: {str(out)!r} holds no finished cell; run the bench without --report_only first." in line
-    with pytest.raises(ValueError, match="report_only: no cell of this grid has finished in"):
+    with pytest.raises(ValueError) as raised:
         run_bench(MINI, out, report_only=True, print_=lambda _: None)
-    assert not (out / "bench.md").exists()
+    assert str(raised.value) in line  # one check, one message, from the command and from Python
+    assert f"--report_only: no cell of this grid has finished in {str(out)!r}; run the bench without" in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,38 @@ def test_the_attackers_public_data_is_the_user_datamodules_test_split(dataset) -
     assert torch.allclose(attack.images.mean(0), torch.stack([x for x, _ in expected]).mean(0))
 
 
+def test_the_public_data_is_read_once_per_data_setting_for_every_guess_and_cell(monkeypatch) -> None:
+    """Each prior-only guess of each cell read the test split again (a new DataModule, set up, its test set loaded);
+    now cells whose data differ only in how the training split is partitioned and batched share one read."""
+    from lightning_fl.bench.cell import build_attack
+    from tests.user_project import DigitsDataModule
+
+    made = []
+    original = DigitsDataModule.__init__
+    monkeypatch.setattr(DigitsDataModule, "__init__", lambda self, **kw: made.append(1) or original(self, **kw))
+    user = {**_USER_DATA, "init_args": {"batch_size": 63}}  # a setting no other test reads
+    guesses = {"prior_mean": "mean", "prior_class": "class_sample"}
+    attacks = [
+        build_attack(
+            {
+                "seed": seed,
+                "data": {**USER_GRID["data"], "dataset": user, "batch_size": batch, "num_clients": clients},
+                "attack": {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": guess}},
+            },
+            name,
+            seed,
+        )
+        for name, guess in guesses.items()
+        for seed, batch, clients in [(0, 1, 4), (1, 4, 11)]
+    ]
+    assert len(made) == 1
+    assert all(torch.equal(a.images, attacks[0].images) for a in attacks) and len(attacks[0].images) == 297
+
+    other = {"seed": 0, "data": {**USER_GRID["data"], "dataset": {**user, "init_args": {"batch_size": 62}}}}
+    build_attack({**other, "attack": {"class_path": "lightning_fl.attacks.PriorBaseline"}}, "prior_class", 0)
+    assert len(made) == 2  # another data setting: read again
+
+
 def test_a_user_datamodule_without_a_test_split_names_the_guess_that_needs_one() -> None:
     """Before, the guess failed with the global evaluation's advice (``set loop.eval_every=0``), which a bench whose
     utility runs evaluate nothing has already followed."""

@@ -8,6 +8,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fl import FederatedLoop
@@ -165,10 +166,54 @@ def test_a_user_datamodule_keeps_its_own_batch_size_unless_data_batch_size_is_se
     assert FederatedDataModule("digits", num_clients=2, partition="iid").batch_size == 32
 
 
-@pytest.mark.parametrize("options", [{"image_size": 16}, {"channels": 3}])
+@pytest.mark.parametrize("options", [{"image_size": 16}, {"channels": 3}, {"root": "."}])
 def test_image_options_are_refused_for_a_source_used_as_it_is(options) -> None:
-    with pytest.raises(ValueError, match=r"apply to dataset names and ImageFolder paths; a DigitsDataModule is used"):
+    (key,) = options
+    match = rf"^data\.{key}=.* applies to dataset names and ImageFolder paths; data\.dataset is DigitsDataModule, "
+    with pytest.raises(ValueError, match=match + rf"which is used as it is: drop data\.{key} or set it to null"):
         FederatedDataModule(DigitsDataModule(), **options)
+
+
+_USER_DM = {"class_path": "tests.user_project.DigitsDataModule"}
+_SMALL = {"num_clients": 2, "partition": "iid"}
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "named"),
+    [  # the default image size, given: it was ignored (a run trained on the 8x8 digits and exited 0)
+        ({"data": {"dataset": _USER_DM, "image_size": 32, **_SMALL}}, [], "data.image_size=32"),
+        ({"data": {"dataset": _USER_DM, **_SMALL}}, ["--data.image_size", "32"], "data.image_size=32"),
+        ({"data": {"dataset": _USER_DM, **_SMALL}}, ["--data.root", "."], "data.root='.'"),
+        (
+            {"data": {"dataset": "digits", "image_size": 32, **_SMALL}},
+            ["--data.dataset", json.dumps(_USER_DM)],
+            "data.image_size=32",
+        ),
+    ],
+    ids=["yaml", "command line", "root", "dataset on the command line"],
+)
+def test_a_name_only_data_key_given_with_a_user_datamodule_exits_2_before_writing(
+    tmp_path, capsys, config, args, named
+) -> None:
+    path = tmp_path / "fit.yaml"
+    path.write_text(yaml.safe_dump({**config, "model": {"class_path": "tests.user_project.DigitsNet"}}))
+    assert main(["fit", "-c", str(path), *args, "--output_dir", str(tmp_path / "run")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    fix = "which is used as it is: drop data."
+    assert f"{named} applies to dataset names and ImageFolder paths" in line and fix in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.usefixtures("cwd_with_finished_runs")
+def test_a_bench_over_a_user_datamodule_under_a_preset_image_size_exits_2_before_writing(tmp_path, capsys) -> None:
+    from tests.bench.test_bench_user_data import USER_GRID
+
+    grid = {**USER_GRID, "data": {**USER_GRID["data"], "image_size": 32}, "output_dir": str(tmp_path / "out")}
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(grid))
+    assert main(["bench", "-c", str(tmp_path / "bench.yaml")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "data.image_size=32 applies to dataset names and ImageFolder paths" in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_saved_config_of_a_user_datamodule_records_no_unused_image_options(tmp_path) -> None:

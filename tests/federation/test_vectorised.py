@@ -370,6 +370,6 @@ def test_resume_with_another_vectorize_setting_exits_2_naming_it(tmp_path: Path,
     manifest = (tmp_path / "manifest.json").read_bytes()
     capsys.readouterr()
     assert fit("2", "true", "--resume", "true") == 2
-    assert "loop.vectorize: False there, True now" in capsys.readouterr().err
+    assert "loop.vectorize: False -> True" in capsys.readouterr().err
     assert (tmp_path / "manifest.json").read_bytes() == manifest  # the run is untouched
     assert fit("2", "false", "--resume", "true") == 0  # the same setting resumes

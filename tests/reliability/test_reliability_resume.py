@@ -18,6 +18,9 @@ from lightning_fl.cli import main
 from tests.reliability.helpers import FAST, QUICKSTART, one_error_line
 
 KEY_LOCK = ["--defences", "[{class_path: lightning_fl.defences.KeyLocks, init_args: {key_length: 8}}]"]
+NOISE = ["--defences", "[{class_path: lightning_fl.defences.GaussianNoise, init_args: {noise_std: 0.01}}]"]
+USER_DATA = ["--data.dataset", "{class_path: tests.user_project.DigitsDataModule, init_args: {batch_size: 16}}"]
+USER_DATA += ["--data.batch_size", "null", "--data.image_size", "null"]  # the DataModule's own batches, as it is
 SMALL = [*FAST, "--data.num_clients", "4", "--loop.clients_per_round", "4", "--loop.local_steps", "1"]
 
 
@@ -31,13 +34,21 @@ def _fit(run, *extra: str) -> list[str]:
         (
             [],
             ["--loop.trainer", "{accelerator: cpu, gradient_clip_val: 0.1}"],
-            "loop.trainer.gradient_clip_val: None there, 0.1 now",
+            "loop.trainer.gradient_clip_val: None -> 0.1",
         ),
-        ([], ["--loop.max_update_norm", "5.0"], "loop.max_update_norm: 1000000.0 there, 5.0 now"),
-        ([], ["--loop.max_update_norm_ratio", "null"], "loop.max_update_norm_ratio: 1000.0 there, None now"),
-        ([], ["--loop.eval_on", "clients"], "loop.eval_on: 'global' there, 'clients' now"),
+        ([], ["--loop.max_update_norm", "5.0"], "loop.max_update_norm: 1000000.0 -> 5.0"),
+        ([], ["--loop.max_update_norm_ratio", "null"], "loop.max_update_norm_ratio: 1000.0 -> None"),
+        ([], ["--loop.eval_on", "clients"], "loop.eval_on: 'global' -> 'clients'"),
+        # keys as the command line writes them, not the fingerprint's (defences[0].noise_std, seed, data.batch_size)
+        (NOISE, [*NOISE, "--defences.0.init_args.noise_std", "0.02"], "defences.0.init_args.noise_std: 0.01 -> 0.02"),
+        ([], ["--seed_everything", "1"], "seed_everything: 0 -> 1; data.seed: 0 -> 1"),
+        (
+            USER_DATA,
+            [*USER_DATA, "--data.dataset.init_args.batch_size", "8"],
+            "data.dataset.init_args.batch_size: 16 -> 8",
+        ),
     ],
-    ids=["gradient_clip_val", "max_update_norm", "max_update_norm_ratio", "eval_on"],
+    ids=["gradient_clip_val", "max_update_norm", "max_update_norm_ratio", "eval_on", "defence", "seed", "datamodule"],
 )
 def test_resume_with_a_changed_setting_exits_2_naming_it(tmp_path, capsys, before, after, named) -> None:
     assert main(_fit(tmp_path, *before)) == 0
@@ -45,7 +56,7 @@ def test_resume_with_a_changed_setting_exits_2_naming_it(tmp_path, capsys, befor
     capsys.readouterr()
     code = main(_fit(tmp_path, "--loop.num_rounds", "2", "--resume", "true", *after))
     line = one_error_line(capsys.readouterr().err)
-    assert code == 2 and named in line, line
+    assert code == 2 and f"holds a run with other settings ({named}); resume with" in line, line
     assert (tmp_path / "manifest.json").read_bytes() == manifest
 
 

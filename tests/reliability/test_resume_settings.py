@@ -15,7 +15,7 @@ from lightning_fl import FederatedLoop
 from lightning_fl.cli import main
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.defences import GaussianNoise, GradientPruning, KeyLocks
-from lightning_fl.federation.checkpoint import fingerprint_changes
+from lightning_fl.federation.checkpoint import describe_changes, fingerprint_changes
 from lightning_fl.federation.fingerprint import plugin_settings
 from tests.conftest import make_classifier
 from tests.reliability.helpers import CONFIGS, one_error_line
@@ -39,8 +39,8 @@ def test_resume_with_another_noise_multiplier_exits_2_naming_it_first(tmp_path, 
     line = one_error_line(capsys.readouterr().err)
     assert code == 2
     changes = line.split("other settings (", 1)[1]
-    assert changes.startswith("loop.client_transforms[0].noise_multiplier: 6.0 there, 0.1 now; ")
-    assert "loop.local_steps: 1 there, 2 now" in changes  # after the privacy setting
+    assert changes.startswith("loop.client_transforms.0.init_args.noise_multiplier: 6.0 -> 0.1; ")  # as typed
+    assert "loop.local_steps: 1 -> 2" in changes  # after the privacy setting
     assert (tmp_path / "manifest.json").read_bytes() == manifest  # the run is untouched
     assert len(json.loads((tmp_path / "summary.json").read_text())["history"]) == 1
 
@@ -54,15 +54,15 @@ def _loop(tmp_path, defences) -> FederatedLoop:
 @pytest.mark.parametrize(
     ("before", "after", "key"),
     [
-        (GaussianNoise(noise_std=10.0), GaussianNoise(noise_std=0.01), "defences[0].noise_std: 10.0 there, 0.01 now"),
-        (GradientPruning(ratio=0.9), GradientPruning(ratio=0.1), "defences[0].ratio: 0.9 there, 0.1 now"),
-        (KeyLocks(key_length=8), KeyLocks(key_length=8, lock_act="relu"), "defences[0].lock_act: 'none' there"),
+        (GaussianNoise(noise_std=10.0), GaussianNoise(noise_std=0.01), "defences[0].noise_std: 10.0 -> 0.01"),
+        (GradientPruning(ratio=0.9), GradientPruning(ratio=0.1), "defences[0].ratio: 0.9 -> 0.1"),
+        (KeyLocks(key_length=8), KeyLocks(key_length=8, lock_act="relu"), "defences[0].lock_act: 'none' -> 'relu'"),
     ],
     ids=["noise std", "pruning ratio", "key-lock activation"],
 )
 def test_the_fingerprint_names_a_changed_defence_argument(tmp_path, before, after, key) -> None:
     changes = fingerprint_changes(_loop(tmp_path, [before]).fingerprint(), _loop(tmp_path, [after]).fingerprint())
-    assert changes[0].startswith(key)
+    assert describe_changes(changes).startswith(key)
 
 
 def test_the_same_settings_give_the_same_fingerprint(tmp_path) -> None:

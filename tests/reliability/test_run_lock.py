@@ -17,6 +17,7 @@ import warnings
 import pytest
 
 from lightning_fl.federation.run_lock import RunLock
+from tests.conftest import REPO
 
 STARTERS = 6
 
@@ -108,3 +109,39 @@ def test_an_empty_lock_file_left_by_a_dead_writer_is_taken(tmp_path) -> None:
     assert lock.holder() == {"pid": os.getpid(), "host": socket.gethostname()}
     lock.release()
     assert not lock.path.exists()
+
+
+_OWNER_WITH_A_CHILD = """
+import multiprocessing, sys, time
+from lightning_fl.federation.run_lock import RunLock
+
+RunLock(sys.argv[1]).acquire()
+child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+child.start()  # a worker forked while the lock is held, as a bench's --jobs 2 pool is
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_forked_child_keeps_no_lock_of_an_owner_killed_with_sigkill(tmp_path) -> None:
+    """The workers of a bench killed with SIGKILL inherited its lock descriptor and kept the ``flock``: every later
+    run was refused, naming a pid that no longer ran, for as long as they lived. Now the stale lock is taken over
+    with a warning, and a live owner is still refused."""
+    script = [sys.executable, "-c", _OWNER_WITH_A_CHILD, str(tmp_path)]
+    owner = subprocess.Popen(script, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = int(owner.stdout.readline())
+    try:
+        with pytest.raises(RuntimeError, match=rf"is in use by another lightning-fl run \(pid {owner.pid} on "):
+            RunLock(tmp_path).acquire()  # the owner runs: refused
+        owner.kill()
+        owner.wait()
+        os.kill(child, 0)  # the child outlives its owner (it is a plain fork, not a bench worker)
+        lock = RunLock(tmp_path)
+        with pytest.warns(
+            UserWarning, match=rf"locked by pid {owner.pid} on .*, which no longer runs; taking the lock"
+        ):
+            lock.acquire()
+        assert lock.holder()["pid"] == os.getpid()
+        lock.release()
+    finally:
+        os.kill(child, 9)

@@ -90,10 +90,10 @@ def finished(tmp_path_factory):
 @pytest.mark.parametrize(
     ("change", "keys"),
     [
-        ({"dm": {"num_clients": 4}}, ["data.num_clients: 3 there, 4 now", "data.client_indices"]),
-        ({"dm": {"partition": "dirichlet"}}, ["data.partition: 'iid' there, 'dirichlet' now"]),
-        ({"seed": 1}, ["seed: 0 there, 1 now"]),
-        ({"local_steps": 3}, ["loop.local_steps: 2 there, 3 now"]),
+        ({"dm": {"num_clients": 4}}, ["data.num_clients: 3 -> 4", "data.client_indices"]),
+        ({"dm": {"partition": "dirichlet"}}, ["data.partition: 'iid' -> 'dirichlet'"]),
+        ({"seed": 1}, ["seed: 0 -> 1"]),
+        ({"local_steps": 3}, ["loop.local_steps: 2 -> 3"]),
         ({"dm": {"image_size": 16}}, ["data.image_size", "model.init_args.image_size", "model layers"]),
         ({"defences": [KeyLocks(key_length=16)]}, ["model layers and shapes"]),
     ],
@@ -131,7 +131,7 @@ def test_the_cli_refuses_a_changed_federation_with_one_line(tmp_path, capsys) ->
     capsys.readouterr()
     assert main([*base, "--data.num_clients", "8", "--resume", "true"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert "data.num_clients: 10 there, 8 now" in line and "choose another output_dir" in line
+    assert "data.num_clients: 10 -> 8" in line and "choose another output_dir" in line
 
 
 # -- a real kill of the command ------------------------------------------------------------------------------
