@@ -170,8 +170,24 @@ def _read(path: Path, *, quick: bool, seen: tuple[Path, ...] = ()) -> dict[str, 
         base_path = (path.parent / str(base)).resolve()
         if base_path in seen or base_path == path.resolve():
             raise ValueError(f"bench config {path}: base: {base} leads back to itself; name a config without a cycle.")
-        raw = merge(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
-    return merge(raw, preset) if quick else raw
+        raw = _layer(_read(base_path, quick=quick, seen=(*seen, path.resolve())), raw)
+    return _layer(raw, preset) if quick else raw
+
+
+def _layer(settings: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` merged over ``settings``; an axis list it gives (``seeds: [1]``) replaces the ``only:`` selection
+    of that axis it inherits, unless it gives that selection too.
+
+    Example:
+        >>> _layer({"seeds": [0, 1, 2], "only": {"seeds": [0]}}, {"seeds": [1]})
+        {'seeds': [1], 'only': {}}
+    """
+    merged = merge(settings, override)
+    given = override.get("only") or {}
+    for axis in SELECTABLE:
+        if axis in override and axis not in given and axis in (merged.get("only") or {}):
+            merged["only"] = {key: value for key, value in merged["only"].items() if key != axis}
+    return merged
 
 
 def load_settings(path: str | Path, *, quick: bool = False, chosen_elsewhere: Collection[str] = ()) -> dict[str, Any]:
