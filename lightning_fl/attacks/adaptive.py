@@ -8,8 +8,9 @@ one of its hooks, never a copy of its loop:
 
 * :class:`KnownMaskAttack` (gradient pruning): the zeros of a pruned update are the mask, and only the kept
   coordinates are matched (:meth:`~GradientMatchingAttack.target` narrowed by :func:`kept_coordinates`);
-* :class:`NoiseAwareAttack` (Gaussian or Laplace noise): the Bayes-optimal data term (squared L2 under Gaussian,
-  L1 under Laplace noise), weighted against the image prior by the noise scale, with more restarts;
+* :class:`NoiseAwareAttack` (Gaussian or Laplace noise): the posterior's data term (squared L2 under Gaussian,
+  L1 under Laplace noise) over the noise and the attacker's own model error, against Inverting Gradients' image
+  prior, with more restarts;
 * :class:`PrivateUnknownsAttack` (FedKL key-locks, FDL-PP passports and private split): the client's private
   tensors, which the server never sees, become unknowns optimised jointly with the images
   (:meth:`~GradientMatchingAttack.unknowns`).
@@ -204,7 +205,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
     Example:
         >>> attack = NoiseAwareAttack(noise="gaussian", noise_scale=0.01, prior_weight=2.0)
         >>> attack.gradient_distance().keywords, attack.tv_weight
-        ({'noise': 'gaussian', 'noise_scale': 0.01, 'model_error': 0.005}, 2.0)
+        ({'noise': 'gaussian', 'noise_scale': 0.01, 'model_error': 0.01}, 2.0)
         >>> NoiseAwareAttack(noise_scale=0.01, bn_statistics="auto", bn_weight=0.3).bn_statistics
         'auto'
     """
@@ -223,7 +224,7 @@ class NoiseAwareAttack(GradientMatchingAttack):
             "noise": "gaussian",
             "noise_scale": REQUIRED,
             "prior_weight": 1e-4,
-            "model_error": 0.005,
+            "model_error": 0.01,
             "max_iterations": 4800,
             "lr": 0.1,
             "restarts": 8,
