@@ -39,3 +39,17 @@ def photo_view(source: str, *, num_classes: int = 10, seed: int = 0) -> tuple[Se
     torch.manual_seed(seed)
     model = ImageClassifier("lenet_dlg", num_classes=num_classes, in_channels=3, standardize=False)
     return client_view(model, images, labels, num_classes=num_classes), GroundTruth(images, labels)
+
+
+def user_net_tile_view(*, client_id: int = 0, seed: int = 0) -> tuple[ServerView, GroundTruth]:
+    """One 32x32 ``photo_tiles`` tile behind one gradient of the user's two-block conv-BatchNorm-ReLU-pool net
+    (``conv_bn_pool``, [0, 1] pixels, round 0), the model of ``configs/inverting_gradients_full.yaml``."""
+    from lightning_fl.models import ImageClassifier
+
+    dm = FederatedDataModule("photo_tiles", num_clients=11, partition="iid", image_size=32, seed=0)
+    torch.manual_seed(seed)
+    model = ImageClassifier(
+        "conv_bn_pool", num_classes=dm.num_classes, in_channels=3, image_size=32, standardize=False, lr=0.05
+    )
+    images, labels = dm.sample_batch(client_id, 1, seed=seed)
+    return client_view(model, images, labels, num_classes=dm.num_classes, lr=0.05), GroundTruth(images, labels)
