@@ -69,7 +69,8 @@ reproduce-bench:
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_dp.yaml --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_rounds.yaml --jobs 1 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_cross_device.yaml --jobs 2 && \
-	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --jobs 1; } $(LOG)
+	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --seeds 0,1,2 --jobs 2 \
+	    --defences none,fedkl_keylock,fdl_pp_passports,gaussian_noise,pruning_70,precode,mixup; } $(LOG)
 
 reproduce-foundation:
 	{ $(RUN) $(BIN)/lightning-fl fit --config configs/quickstart.yaml --output_dir $(OUT)/quickstart && \
