@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_fit import assemble_loop, instantiate_config
-from lightning_fl.cli_lists import parse_with_list_entries, split_list_entries
+from lightning_fl.cli_lists import PRINT_CONFIG, parse_with_list_entries, split_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
 from lightning_fl.cli_resume import check_resume_settings
 from lightning_fl.cli_schema import config_files, store_schema
@@ -96,15 +96,38 @@ def _check_given_data_keys(parser: ArgumentParser, args: list[str], cfg: Namespa
     check_name_only_keys(dataset, given.as_dict() if isinstance(given, Namespace) else {})
 
 
+def _runnable_config(cfg: Namespace) -> Namespace:
+    """A copy of a subcommand's config without the ``data`` keys its source does not use (a Dataset or
+    LightningDataModule takes no name-only key: given, they exit 2), so that running it again accepts it."""
+    runnable = cfg.clone()
+    data = runnable.get("data")
+    if isinstance(data, Namespace) and data.get("dataset") is not None and not isinstance(data.dataset, str):
+        for key in _NAME_ONLY_DATA_KEYS:
+            if key in data:
+                del data[key]
+    return runnable
+
+
 def _saved_config(cfg: Namespace) -> Namespace:
     """The config a run records: its settings, without what it did to the directory (``resume``, ``overwrite``),
     so that ``fit -c <run>/config.yaml --output_dir <new>`` runs it again."""
-    saved = cfg.clone()
+    saved = _runnable_config(cfg)
     saved.resume, saved.overwrite = False, False
-    if not isinstance(saved.data.dataset, str):  # a Dataset or LightningDataModule: the name-only keys do nothing
-        for key in _NAME_ONLY_DATA_KEYS:
-            del saved.data[key]
     return saved
+
+
+def _print_config(parser: ArgumentParser, args: list[str]) -> None:
+    """``--print_config[=skip_null]``: print the resolved config of the subcommand in ``args`` as a file that
+    ``-c`` runs again (:func:`_runnable_config`), and exit with 0 through ``SystemExit``."""
+    flags = [arg for arg in args if arg.partition("=")[0] == PRINT_CONFIG]
+    cfg = parse_with_list_entries(parser, [arg for arg in args if arg not in flags])
+    _check_given_data_keys(parser, [arg for arg in args if arg not in flags], cfg)
+    printed = _runnable_config(cfg[cfg.subcommand])
+    if "config" in printed:
+        del printed["config"]
+    skip_null = any("skip_null" in flag.partition("=")[2] for flag in flags)
+    print(SUBCOMMANDS[cfg.subcommand]().dump(printed, skip_none=skip_null), end="")
+    raise SystemExit(0)
 
 
 def _prepare_fit(parser: ArgumentParser, cfg: Namespace) -> Callable[[], dict[str, Any]]:
@@ -358,6 +381,8 @@ def _main(args: list[str]) -> int:
             check_config_file(path)
         parser = build_parser()
         store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
+        if args[:1] != ["bench"] and any(arg.partition("=")[0] == PRINT_CONFIG for arg in args):
+            _print_config(parser, args)
         cfg = parse_with_list_entries(parser, args)
         _check_given_data_keys(parser, args, cfg)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
