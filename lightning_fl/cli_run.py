@@ -116,12 +116,9 @@ def _saved_config(cfg: Namespace) -> Namespace:
     return saved
 
 
-def _print_config(parser: ArgumentParser, args: list[str]) -> None:
-    """``--print_config[=skip_null]``: print the resolved config of the subcommand in ``args`` as a file that
+def _print_config(cfg: Namespace, flags: list[str]) -> None:
+    """``--print_config[=skip_null]`` (``flags``): print the resolved config of ``cfg``'s subcommand as a file that
     ``-c`` runs again (:func:`_runnable_config`), and exit with 0 through ``SystemExit``."""
-    flags = [arg for arg in args if arg.partition("=")[0] == PRINT_CONFIG]
-    cfg = parse_with_list_entries(parser, [arg for arg in args if arg not in flags])
-    _check_given_data_keys(parser, [arg for arg in args if arg not in flags], cfg)
     printed = _runnable_config(cfg[cfg.subcommand])
     if "config" in printed:
         del printed["config"]
@@ -381,10 +378,12 @@ def _main(args: list[str]) -> int:
             check_config_file(path)
         parser = build_parser()
         store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
-        if args[:1] != ["bench"] and any(arg.partition("=")[0] == PRINT_CONFIG for arg in args):
-            _print_config(parser, args)
-        cfg = parse_with_list_entries(parser, args)
-        _check_given_data_keys(parser, args, cfg)
+        printing = [arg for arg in args if arg.partition("=")[0] == PRINT_CONFIG and args[:1] != ["bench"]]
+        given = [arg for arg in args if arg not in printing]
+        cfg = parse_with_list_entries(parser, given)
+        _check_given_data_keys(parser, given, cfg)
+        if printing:
+            _print_config(cfg, printing)
         run = RUNNERS[cfg.subcommand](SUBCOMMANDS[cfg.subcommand](), cfg[cfg.subcommand])
     except KeyboardInterrupt as err:
         return interrupted(err)

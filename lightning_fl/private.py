@@ -96,9 +96,9 @@ def the_normalisation_after(model: nn.Module, name: str) -> nn.Module | None:
         >>> the_normalisation_after(net, "0") is net[1], the_normalisation_after(net, "1")
         (True, None)
     """
-    order = [n for n, _ in model.named_modules()]
-    last = max(i for i, n in enumerate(order) if n == name or n.startswith(f"{name}."))
-    follower = next((leaf for leaf_name, leaf in stateful_leaves(model) if order.index(leaf_name) > last), None)
+    leaves = stateful_leaves(model)
+    inside = [i for i, (leaf, _) in enumerate(leaves) if leaf == name or leaf.startswith(f"{name}.")]
+    follower = leaves[inside[-1] + 1][1] if inside and inside[-1] + 1 < len(leaves) else None
     return follower if isinstance(follower, NORMALISATIONS) else None
 
 
