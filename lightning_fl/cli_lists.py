@@ -20,8 +20,6 @@ from jsonargparse import ArgumentParser, Namespace
 
 __all__ = ["ListEntry", "parse_with_list_entries", "split_list_entries"]
 
-PRINT_CONFIG = "--print_config"
-"""The flag that prints the resolved config instead of running it."""
 _INDEXED = re.compile(r"^--(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*?)\.(?P<index>\d+)\.(?P<path>[A-Za-z_][\w.]*)$")
 
 
@@ -81,7 +79,7 @@ def parse_with_list_entries(parser: ArgumentParser, args: Sequence[str]) -> Name
     rest, entries = split_list_entries(args)
     if not entries:
         return parser.parse_args(rest)
-    cfg = parser.parse_args([arg for arg in rest if arg.partition("=")[0] != PRINT_CONFIG])  # printed below
+    cfg = parser.parse_args(rest)
     lists: dict[str, list[Any]] = {}
     for change in entries:
         if change.key not in lists:

@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning_fl.bench.command import prepare_bench
 from lightning_fl.cli_errors import format_warning, one_line
 from lightning_fl.cli_fit import assemble_loop, instantiate_config
-from lightning_fl.cli_lists import PRINT_CONFIG, parse_with_list_entries, split_list_entries
+from lightning_fl.cli_lists import parse_with_list_entries, split_list_entries
 from lightning_fl.cli_parsers import SUBCOMMANDS, build_parser, data_links, record_data_links
 from lightning_fl.cli_resume import check_resume_settings
 from lightning_fl.cli_schema import config_files, store_schema
@@ -94,6 +94,10 @@ def _check_given_data_keys(parser: ArgumentParser, args: list[str], cfg: Namespa
         return
     given = parser.parse_args(split_list_entries(args)[0], defaults=False)[cfg.subcommand].get("data")
     check_name_only_keys(dataset, given.as_dict() if isinstance(given, Namespace) else {})
+
+
+_PRINT_CONFIG = "--print_config"
+"""The flag that prints the resolved config instead of running it (:func:`_print_config`)."""
 
 
 def _runnable_config(cfg: Namespace) -> Namespace:
@@ -378,7 +382,7 @@ def _main(args: list[str]) -> int:
             check_config_file(path)
         parser = build_parser()
         store_schema(parser._subcommands_action._name_parser_map)  # what the next --help or typo answers from
-        printing = [arg for arg in args if arg.partition("=")[0] == PRINT_CONFIG and args[:1] != ["bench"]]
+        printing = [arg for arg in args if arg.partition("=")[0] == _PRINT_CONFIG and args[:1] != ["bench"]]
         given = [arg for arg in args if arg not in printing]
         cfg = parse_with_list_entries(parser, given)
         _check_given_data_keys(parser, given, cfg)
