@@ -208,7 +208,7 @@ def load_settings(path: str | Path, *, quick: bool = False, chosen_elsewhere: Co
     for axis in SELECTABLE:
         if not raw[axis]:
             raise ValueError(f"bench config {path}: {axis} is empty; name at least one.")
-    settings = expand_strengths(apply_only(raw, chosen_elsewhere=chosen_elsewhere))
+    settings = apply_only(expand_strengths(raw), chosen_elsewhere=chosen_elsewhere)  # only: may name one strength
     for name, threat in settings["threat_models"].items():
         unknown = sorted(set(threat or {}) - _THREAT_MODEL_KEYS)
         protocol = (threat or {}).get("protocol", "attack")

@@ -62,6 +62,8 @@ def test_a_strength_axis_expands_selects_by_family_and_applies_to_its_family(tmp
     for entry in quick["defences"].values():
         families[entry.get("family", "")] = families.get(entry.get("family", ""), 0) + 1
     assert min(n for f, n in families.items() if f) >= 3  # the quick preset's swept defences: >= 3 strengths
+    config.write_text(config.read_text() + "only: {defences: [none, pruning_70@0.9]}\n")  # a config's only: names
+    assert list(load_settings(config, quick=True)["defences"]) == ["none", "pruning_70@0.9"]  # one strength too
 
 
 def test_the_quick_preset_draws_every_swept_defence_under_every_threat_model_within_its_measured_size() -> None:
