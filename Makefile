@@ -67,6 +67,7 @@ reproduce-bench:
 	  $(BIN)/lightning-fl bench --config configs/bench_lfw.yaml --quick --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits.yaml --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_dp.yaml --jobs 2 && \
+	  $(BIN)/lightning-fl bench --config configs/bench_digits_dp_3_clients.yaml --jobs 1 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_rounds.yaml --jobs 1 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_digits_cross_device.yaml --jobs 2 && \
 	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --seeds 0,1,2 --jobs 2 \
