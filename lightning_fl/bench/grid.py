@@ -109,8 +109,10 @@ def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[
     names = {k: [k] for k in known} if axis != "defences" else _by_family(known)
     unknown = [k for k in keep if k not in known and k not in names]
     if unknown or not keep:
+        strengths = [k for k in known if k not in names]  # a swept defence's values, selectable one by one
         raise ValueError(
-            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(names)}."
+            f"--{axis} {','.join(map(str, keep))}: {unknown or 'nothing'} not in the config's {axis}: {list(names)}"
+            + (f" or one strength: {strengths}." if strengths else ".")
         )
     if axis == "seeds":
         return {**settings, axis: list(keep)}

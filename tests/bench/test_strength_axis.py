@@ -54,6 +54,8 @@ def test_a_strength_axis_expands_selects_by_family_and_applies_to_its_family(tmp
     assert expand_strengths(grid) == grid  # expanded settings stay as they are
     assert {c.defence for c in cells(grid) if c.attack == "ig"} == {"pruning@0.2", "pruning@0.999"}
     assert list(select(grid, "defences", ["pruning"])["defences"]) == ["pruning@0.2", "pruning@0.999"]
+    with pytest.raises(ValueError, match=r"pruning@0.5.*one strength: \['pruning@0.2', 'pruning@0.999'\]"):
+        select(grid, "defences", ["pruning@0.5"])  # a value not swept: the error lists those that are
     assert len(utilities(grid)) == 3
     config = tmp_path / "bench.yaml"
     config.write_text("base: " + str((tmp_path.cwd() / "configs" / "bench_digits.yaml").resolve()) + "\n")
