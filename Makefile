@@ -75,7 +75,7 @@ reproduce-bench:
 	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --quick --seeds 0 --jobs 2 \
 	    --defences none,fedkl_keylock,fdl_pp_passports,gaussian_noise,pruning_70,precode,mixup \
 	    --threat_models fedsgd_b1,fedsgd_b1_trained,aggregate_k4 --output_dir runs/bench_photos_user_net_threats && \
-	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --seeds 0 --jobs 2 \
+	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --seeds 0,1,2 --jobs 2 \
 	    --defences none,fedkl_keylock,fdl_pp_passports,gaussian_noise,pruning_70,mixup --threat_models fedsgd_b1 \
 	    --attacks ig,grnn,ig_known_mask,ig_noise_aware,ig_keylock_unknowns,ig_passport_unknowns,robbing_the_fed,prior_mean,prior_class && \
 	  $(BIN)/lightning-fl bench --config configs/bench_photos_user_net.yaml --seeds 0 --jobs 2 \
