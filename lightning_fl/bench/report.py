@@ -17,7 +17,9 @@ __all__ = [
     "CANNOT_RANK",
     "COLUMNS",
     "INTERVALS",
+    "SERVERS",
     "UNDEFENDED",
+    "attack_servers",
     "breaking_attacks",
     "leakage_by_round",
     "log_to_wandb",
@@ -91,6 +93,30 @@ BROKEN_SHARE = 0.5
 CANNOT_RANK = "no attack broke the undefended model here: this threat model cannot rank defences"
 NO_UNDEFENDED = f"no {UNDEFENDED} row here: whether the attacks break the undefended model is unknown, so no front"
 _RESAMPLES = 2000
+SERVERS = ("honest-but-curious", "malicious")
+"""The servers an attack may assume (:func:`~lightning_fl.bench.grid.server_threat`): each gets its own panel and
+its own "is the undefended model broken" verdict, since a defence that holds against one may fall to the other."""
+
+
+def _server(row: Mapping[str, Any]) -> str:
+    return row.get("server") or SERVERS[0]
+
+
+def attack_servers(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[str]:
+    """The servers of :data:`SERVERS` whose attacks (prior-only and own-model rows aside) ran under
+    ``threat_model``; the honest-but-curious one alone when none did.
+
+    Example:
+        >>> rows = [{"threat_model": "t", "attack": "ig"}, {"threat_model": "t", "server": "malicious"}]
+        >>> attack_servers(rows, "t"), attack_servers(rows[:1], "t")
+        (['honest-but-curious', 'malicious'], ['honest-but-curious'])
+    """
+    present = {
+        _server(r)
+        for r in rows
+        if r["threat_model"] == threat_model and not r.get("prior_only") and not r.get("own_model")
+    }
+    return [s for s in SERVERS if s in present] or [SERVERS[0]]
 
 
 def _stats(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -249,10 +275,13 @@ def reconstruction_bounds(rows: list[dict[str, Any]], *, kappa: float | None = N
             row[column] = cache[key]
 
 
-def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]] | None:
+def breaking_attacks(
+    rows: Sequence[Mapping[str, Any]], threat_model: str, *, server: str | None = None
+) -> list[Mapping[str, Any]] | None:
     """The attack rows that break the undefended model under ``threat_model`` (success rate ≥
-    :data:`BROKEN_SHARE`; prior-only rows and attacks on a model of their own never count), or ``None`` when the rows
-    have no :data:`UNDEFENDED` row.
+    :data:`BROKEN_SHARE`; prior-only rows and attacks on a model of their own never count), only those of
+    ``server`` when given (a malicious server's success says nothing of what an honest-but-curious one can do), or
+    ``None`` when the rows have no :data:`UNDEFENDED` row.
 
     An empty list means the threat model cannot rank defences: a defence that "holds" there may only face an
     attacker too weak to tell.
@@ -266,6 +295,7 @@ def breaking_attacks(rows: Sequence[Mapping[str, Any]], threat_model: str) -> li
     if not undefended:
         return None
     attacks = [r for r in undefended if not r.get("prior_only") and not r.get("own_model")]
+    attacks = [r for r in attacks if server is None or _server(r) == server]
     return [r for r in attacks if (r.get("success_rate_mean") or 0.0) >= BROKEN_SHARE]
 
 
@@ -327,22 +357,29 @@ def _epsilon(row: Mapping[str, Any], bound: float) -> str:
     return text + " ⚠" if row["epsilon_mean"] is not None and row["epsilon_mean"] > bound else text
 
 
-def rank_note(rows: Sequence[Mapping[str, Any]], threat_model: str) -> str:
-    """What a threat model's table and panel say first: whether its attacks break the undefended model (else
-    :data:`CANNOT_RANK`), and what guessing (the prior-only rows) scores against the success bar."""
-    bar = _success_bar(rows)
-    broken = breaking_attacks(rows, threat_model)
-    if broken is None:
-        note = NO_UNDEFENDED + "."
-    elif not broken:
-        note = (
-            f"**{CANNOT_RANK[0].upper() + CANNOT_RANK[1:]}** (no attack recovered {BROKEN_SHARE:.0%} of the "
+def _broken_note(rows: Sequence[Mapping[str, Any]], threat_model: str, server: str, bar: float | None) -> str:
+    """Whether ``server``'s attacks break the undefended model under ``threat_model``, in one sentence."""
+    broken = breaking_attacks(rows, threat_model, server=server) or []
+    who = f"{server[0].upper()}{server[1:]} server: "
+    if not broken:
+        return (
+            f"{who}**{CANNOT_RANK[0].upper() + CANNOT_RANK[1:]}** (no attack recovered {BROKEN_SHARE:.0%} of the "
             f"`{UNDEFENDED}` model's images at SSIM ≥ {bar})."
         )
+    names = ", ".join(f"{r['attack']} ({r['success_rate_mean']:.2f})" for r in broken)
+    recovered = f"share of images recovered: SSIM ≥ {bar}, beyond colour and guess"
+    return f"{who}The undefended model is broken here ({recovered}): {names}."
+
+
+def rank_note(rows: Sequence[Mapping[str, Any]], threat_model: str) -> str:
+    """What a threat model's table and panels say first: per server of :data:`SERVERS` whose attacks ran there,
+    whether they break the undefended model (else :data:`CANNOT_RANK`), and what guessing (the prior-only rows)
+    scores against the success bar."""
+    bar = _success_bar(rows)
+    if breaking_attacks(rows, threat_model) is None:
+        note = NO_UNDEFENDED + "."
     else:
-        names = ", ".join(f"{r['attack']} ({r['success_rate_mean']:.2f})" for r in broken)
-        recovered = f"share of images recovered: SSIM ≥ {bar}, beyond colour and guess"
-        note = f"The undefended model is broken here ({recovered}): {names}."
+        note = " ".join(_broken_note(rows, threat_model, server, bar) for server in attack_servers(rows, threat_model))
     guess = _guessing(rows, threat_model)
     if guess is not None:
         note += (
@@ -525,14 +562,17 @@ def _panels(count: int, height: float, *, extra: float = 0.0) -> tuple[Any, list
     return fig, axes[:count]
 
 
-def _strongest(rows: Sequence[Mapping[str, Any]], threat_model: str) -> list[Mapping[str, Any]]:
+def _strongest(
+    rows: Sequence[Mapping[str, Any]], threat_model: str, server: str | None = None
+) -> list[Mapping[str, Any]]:
     """Per defence, its row of the attack with the highest mean SSIM under ``threat_model`` (prior-only rows are
     the guessing level, not an attack; an attack on a model of its own says nothing of the defence's model), among
-    rows with an SSIM and a test accuracy."""
+    rows with an SSIM and a test accuracy, and among ``server``'s attacks when given."""
     best = []
     for defence in dict.fromkeys(r["defence"] for r in rows):
         scored = [r for r in rows if (r["defence"], r["threat_model"]) == (defence, threat_model)]
         scored = [r for r in scored if not r.get("prior_only") and not r.get("own_model")]
+        scored = [r for r in scored if server is None or _server(r) == server]
         scored = [r for r in scored if r["ssim_mean"] is not None and r["test_accuracy_mean"] is not None]
         if scored:
             best.append(max(scored, key=lambda r: r["ssim_mean"]))
@@ -545,10 +585,12 @@ def _error(row: Mapping[str, Any], value: str) -> list[list[float]]:
     return [[mean - low if low is not None else 0.0], [high - mean if high is not None else 0.0]]
 
 
-def privacy_curves(rows: Sequence[Mapping[str, Any]], threat_model: str) -> dict[str, list[Mapping[str, Any]]]:
-    """The points of :func:`write_scatter`'s panel for ``threat_model``: per defence family, the row of the strongest
-    attack on each of its strengths (highest mean SSIM, prior-only rows excluded), ordered along the strength axis;
-    a defence without an axis is a family of one point.
+def privacy_curves(
+    rows: Sequence[Mapping[str, Any]], threat_model: str, server: str | None = None
+) -> dict[str, list[Mapping[str, Any]]]:
+    """The points of :func:`write_scatter`'s panel for ``threat_model`` (and ``server``, when given): per defence
+    family, the row of the strongest attack on each of its strengths (highest mean SSIM, prior-only rows excluded),
+    ordered along the strength axis; a defence without an axis is a family of one point.
 
     Example:
         >>> rows = [{"defence": f"p@{v}", "family": "p", "strength": v, "threat_model": "t", "attack": "ig",
@@ -557,7 +599,7 @@ def privacy_curves(rows: Sequence[Mapping[str, Any]], threat_model: str) -> dict
         [0.5, 0.9]
     """
     families: dict[str, list[Mapping[str, Any]]] = {}
-    for r in _strongest(rows, threat_model):
+    for r in _strongest(rows, threat_model, server):
         families.setdefault(_family(r), []).append(r)
     for points in families.values():
         points.sort(key=lambda r: (str(type(r.get("strength"))), r.get("strength") or 0))
@@ -565,9 +607,10 @@ def privacy_curves(rows: Sequence[Mapping[str, Any]], threat_model: str) -> dict
 
 
 def _privacy_panel(
-    ax: Any, rows: Sequence[Mapping[str, Any]], threat_model: str, epsilon_bound: float
+    ax: Any, rows: Sequence[Mapping[str, Any]], threat_model: str, epsilon_bound: float, server: str = SERVERS[0]
 ) -> list[Mapping[str, Any]]:
-    """Draw one threat model's panel of :func:`write_scatter` on ``ax``; returns the rows of its Pareto front."""
+    """Draw the panel of :func:`write_scatter` for ``threat_model`` and ``server``'s attacks on ``ax``; returns the
+    rows of its Pareto front."""
     unreadable = [r["defence"] for r in rows if r["threat_model"] == threat_model and "readable" in r["status"]]
     if unreadable:  # no reconstruction to score: the server read only ciphertexts
         ax.text(
@@ -578,10 +621,10 @@ def _privacy_panel(
             fontsize=_FONT - 2,
             color="0.3",
         )
-    curves = privacy_curves(rows, threat_model)
+    curves = privacy_curves(rows, threat_model, server)
     best = [r for points in curves.values() for r in points]
     points = [(r["ssim_mean"], r["test_accuracy_mean"]) for r in best]
-    broken = breaking_attacks(rows, threat_model)
+    broken = breaking_attacks(rows, threat_model, server=server)
     front = pareto_front(points) if broken else []  # no front over attacks that failed on the undefended model
     families: dict[str, list[int]] = {}  # indices into best, per curve
     for i, r in enumerate(best):
@@ -622,7 +665,7 @@ def _privacy_panel(
     guess = _guessing(rows, threat_model)
     if guess is not None:
         ax.axvline(guess["ssim_mean"], color="0.35", linestyle=":", lw=1.5, label=f"guessing ({guess['attack']})")
-    heading = f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'})"
+    heading = f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'}), {server} server"
     if broken is None or not broken:  # said where the eye starts, in the panel's title
         heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
     ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred")
@@ -632,7 +675,7 @@ def _privacy_panel(
     for k, height in zip(order, heights, strict=True):
         indices = list(families.values())[k]
         r = best[anchors[k]]
-        attacks = ", ".join(dict.fromkeys(_attack_label(best[i]) for i in indices))
+        attacks = ", ".join(dict.fromkeys(_attack_label(best[i], server=False) for i in indices))
         label = f"{_family(r)} ({attacks})"
         if len(indices) == 1 and r["epsilon_mean"] is not None and r.get("strength") is None:
             label += f" ε={r['epsilon_mean']:.3g}" + (" ⚠" if r["epsilon_mean"] > epsilon_bound else "")
@@ -662,23 +705,26 @@ def _privacy_panel(
 def write_scatter(
     rows: Sequence[Mapping[str, Any]], path: Path, *, epsilon_bound: float = 10.0, title: str = ""
 ) -> Path:
-    """Privacy–utility panels, one per threat model (two a line, 1600 px wide): each defence's test accuracy (its
-    utility run; error bar: std over seeds) against the SSIM of the strongest attack on it under that threat model
-    (error bar: its 95 % interval over images). A defence swept over its strength
-    (:func:`~lightning_fl.bench.grid.expand_strengths`) is one curve of one colour, a point per strength, each
-    labelled with its strength and ε; the Pareto front runs over all points of all curves.
+    """Privacy–utility panels, one per threat model and server of :data:`SERVERS` whose attacks ran there (two a
+    line, 1600 px wide): each defence's test accuracy (its utility run; error bar: std over seeds) against the SSIM
+    of that server's strongest attack on it under that threat model (error bar: its 95 % interval over images); an
+    honest-but-curious panel never shows a malicious server's score, which no reading of the updates alone reaches.
+    A defence swept over its strength (:func:`~lightning_fl.bench.grid.expand_strengths`) is one curve of one
+    colour, a point per strength, each labelled with its strength and ε; the Pareto front runs over all points of
+    all curves.
 
     Up and to the left is better (high accuracy, poor reconstructions). Each panel draws the success bar
-    (``success_ssim``) and the guessing level (the best prior-only row) on the privacy axis. Where an attack breaks
-    the undefended model (:func:`breaking_attacks`), the Pareto front (no other defence has both a lower attack
-    SSIM and a higher accuracy) is the dashed line; where none does, the panel says :data:`CANNOT_RANK` and draws no
-    front. Labels sit in a column beside the panel, spread so that they never overlap, with a line to their point;
-    ε above ``epsilon_bound`` is marked ⚠. ``title`` (preset, budget, seeds) heads the figure.
+    (``success_ssim``) and the guessing level (the best prior-only row) on the privacy axis. Where an attack of the
+    panel's server breaks the undefended model (:func:`breaking_attacks`), the Pareto front (no other defence has
+    both a lower attack SSIM and a higher accuracy) is the dashed line; where none does, the panel says
+    :data:`CANNOT_RANK` and draws no front. Labels sit in a column beside the panel, spread so that they never
+    overlap, with a line to their point; ε above ``epsilon_bound`` is marked ⚠. ``title`` (preset, budget, seeds)
+    heads the figure.
     """
-    threat_models = list(dict.fromkeys(r["threat_model"] for r in rows))
-    fig, axes = _panels(len(threat_models), 5.6)
-    for ax, threat_model in zip(axes, threat_models, strict=True):
-        _privacy_panel(ax, rows, threat_model, epsilon_bound)
+    panels = [(t, s) for t in dict.fromkeys(r["threat_model"] for r in rows) for s in attack_servers(rows, t)]
+    fig, axes = _panels(len(panels), 5.6)
+    for ax, (threat_model, server) in zip(axes, panels, strict=True):
+        _privacy_panel(ax, rows, threat_model, epsilon_bound, server)
     head = f"privacy–utility per threat model{': ' + title if title else ''}"
     fig.suptitle(f"{head}\nfilled: Pareto front; red edge ⚠: ε > {epsilon_bound:g}", fontsize=_FONT + 2)
     fig.savefig(path, dpi=_DPI)
@@ -886,8 +932,9 @@ def write_heatmap(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str =
                 ax.text(d, a, text, ha="center", va="center", fontsize=_FONT - 2, color=colour)
         ax.set_xticks(range(len(defences)), defences, rotation=50, ha="right", fontsize=_FONT - 1)
         ax.set_yticks(range(len(attacks)), attacks, fontsize=_FONT - 1)
-        broken = breaking_attacks(rows, threat_model)
-        ax.set_title(threat_model + ("" if broken else " (cannot rank: undefended model not broken)"), fontsize=_FONT)
+        unbroken = [s for s in attack_servers(rows, threat_model) if not breaking_attacks(rows, threat_model, server=s)]
+        note = f" (cannot rank for the {' or '.join(unbroken)} server: undefended model not broken)" if unbroken else ""
+        ax.set_title(threat_model + note, fontsize=_FONT)
     if image is not None:
         bar = fig.colorbar(image, ax=axes, location="bottom", shrink=0.5, aspect=40)
         bar.set_label("attack success rate (share of images; empty: not run)", fontsize=_FONT)

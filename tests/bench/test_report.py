@@ -151,3 +151,29 @@ def test_an_attack_on_a_model_of_its_own_neither_breaks_the_undefended_model_nor
     assert report.breaking_attacks(rows, "t") == []
     assert {r["attack"] for r in report._strongest(rows, "t")} == {"ig"}
     assert report.breaking_attacks(report.summarise(cells, _utility("none", "noise")), "t") != []
+
+
+def test_each_server_gets_its_own_panel_and_verdict_so_a_malicious_score_never_stands_for_an_honest_one(
+    tmp_path,
+) -> None:
+    """Robbing the Fed (malicious server) copies every image through key-lock, IG (honest-but-curious) none: one
+    panel over both would put key-lock at SSIM 1.0 for a reader who asks about the honest-but-curious server, and an
+    aggregate broken only by the malicious server would look rankable for the honest one."""
+    cells = []
+    for t, ig_none in (("b1", [0.9, 0.8]), ("aggregate", [0.3, 0.2])):
+        for defence, ig, rtf in (("none", ig_none, [1.0, 1.0]), ("keylock", [0.1, 0.1], [1.0, 1.0])):
+            cells.append(_cell(defence, "ig", t, psnr=[20.0, 20.0], ssim=ig))
+            cells.append({**_cell(defence, "rtf", t, psnr=[100.0, 100.0], ssim=rtf), "server": "malicious"})
+    rows = _rows(cells, "none", "keylock")
+    assert report.attack_servers(rows, "b1") == ["honest-but-curious", "malicious"]
+    honest = report.privacy_curves(rows, "b1", "honest-but-curious")
+    assert honest["keylock"][0]["attack"] == "ig" and honest["keylock"][0]["ssim_mean"] == pytest.approx(0.1)
+    assert report.privacy_curves(rows, "b1", "malicious")["keylock"][0]["attack"] == "rtf"
+    assert report.breaking_attacks(rows, "aggregate", server="honest-but-curious") == []
+    assert [r["attack"] for r in report.breaking_attacks(rows, "aggregate", server="malicious")] == ["rtf"]
+    note = report.rank_note(rows, "aggregate")
+    assert f"Honest-but-curious server: **{report.CANNOT_RANK[0].upper()}" in note
+    assert "Malicious server: The undefended model is broken here" in note and "rtf (1.00)" in note
+    two = Image.open(report.write_scatter(rows, tmp_path / "two.png")).size
+    one = Image.open(report.write_scatter([r for r in rows if r["attack"] == "ig"], tmp_path / "one.png")).size
+    assert two[1] > 1.5 * one[1]  # four panels on two lines, where IG alone gives two on one
