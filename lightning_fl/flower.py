@@ -251,7 +251,7 @@ def discover_nodes(grid: Any, num_clients: int, *, timeout: float = 300.0) -> di
     """Ask every SuperNode which client it is; waits up to ``timeout`` seconds for ``num_clients`` of them.
 
     Raises:
-        RuntimeError: when fewer nodes connect in time, or two nodes claim one client.
+        RuntimeError: when fewer nodes connect or answer in time, or two nodes claim one client.
     """
     app = _flwr().app
     deadline = time.monotonic() + timeout
@@ -260,8 +260,14 @@ def discover_nodes(grid: Any, num_clients: int, *, timeout: float = 300.0) -> di
             raise RuntimeError(f"only {len(node_ids)} of {num_clients} Flower SuperNodes connected in {timeout} s.")
         time.sleep(1.0)
     queries = [app.Message(app.RecordDict(), dst_node_id=n, message_type=app.MessageType.QUERY) for n in node_ids]
+    replies = list(grid.send_and_receive(queries, timeout=timeout))
+    if len(replies) < len(queries):  # a ClientApp that builds its loop slower than the timeout (a loaded machine)
+        raise RuntimeError(
+            f"only {len(replies)} of {len(queries)} Flower SuperNodes answered in {timeout} s; "
+            "raise FlowerFederation(node_timeout=...)."
+        )
     nodes: dict[int, int] = {}
-    for reply in grid.send_and_receive(queries, timeout=timeout):
+    for reply in replies:
         if reply.has_error():
             raise RuntimeError(f"SuperNode {reply.metadata.src_node_id} failed to say its client: {reply.error.reason}")
         client_id = int(reply.content["report"]["client"])

@@ -141,3 +141,21 @@ def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(
     assert stored == {0: True, 1: False, 2: True}  # each trained client's key-lock secrets, on its own node only
     assert not any(c.initialised for c in federation.loop.clients)
     assert not any(c.private for c in client_loop.runner.store)  # the ClientApp process forgets them after a fit
+
+
+def test_supernodes_that_do_not_answer_in_time_are_named_with_the_timeout_to_raise(monkeypatch) -> None:
+    """A loaded machine can leave a ClientApp still building its loop when the query times out: the error says
+    how many answered and which knob to raise, not that no node holds the clients."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from lightning_fl.flower import discover_nodes
+
+    for name in ("_task_id", "_run_id", "_node_id"):  # what Flower's engines set in the ServerApp's process
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+    class SilentGrid(InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None) -> list:
+            return []
+
+    with pytest.raises(RuntimeError, match=re.escape("only 0 of 2 Flower SuperNodes answered in 1.0 s; raise")):
+        discover_nodes(SilentGrid(None, 2), 2, timeout=1.0)
