@@ -195,7 +195,7 @@ def summarise(
         row["family"] = entry.get("family", defence)
         row["strength"] = (entry.get("strength") or {}).get("value")
         row["leak_point"] = runs[0].get("leak_point")
-        row["server"] = runs[0].get("server", "honest-but-curious")
+        row["server"] = _server(runs[0])
         row["prior_only"] = any(r.get("prior_only") for r in runs)
         row["own_model"] = bool(((attacks or {}).get(attack) or {}).get("model"))
         row["success_ssim"] = next((r["success_ssim"] for r in runs if r.get("success_ssim") is not None), None)
