@@ -472,15 +472,19 @@ def changes_run(attack: Mapping[str, Any]) -> bool:
     return bool(attack.get("server_plugins") or attack.get("model"))
 
 
+SERVERS = ("honest-but-curious", "malicious")
+"""The two servers an attack may assume: one that only reads what it receives, one that changes the model it sends."""
+
+
 def server_threat(attack: Mapping[str, Any]) -> str:
-    """The server an attack entry assumes: ``malicious`` when it changes the model the clients receive
-    (``server_plugins``, e.g. Robbing the Fed's imprint), else ``honest-but-curious`` (it only reads).
+    """The server of :data:`SERVERS` an attack entry assumes: ``malicious`` when it changes the model the clients
+    receive (``server_plugins``, e.g. Robbing the Fed's imprint), else ``honest-but-curious`` (it only reads).
 
     Example:
         >>> server_threat({"class_path": "x.DLGAttack"}), server_threat({"server_plugins": [{"class_path": "x.M"}]})
         ('honest-but-curious', 'malicious')
     """
-    return "malicious" if attack.get("server_plugins") else "honest-but-curious"
+    return SERVERS[1] if attack.get("server_plugins") else SERVERS[0]
 
 
 def applies(settings: Mapping[str, Any], attack: str, defence: str, threat_model: str | None = None) -> bool:

@@ -1,7 +1,9 @@
 """What a person reads after ``lightning-fl bench``: ``bench.csv``, ``bench.md``, the privacy–utility panels and
 the attack-success heatmap (one panel per threat model, two a line, 1600 px wide; PNG, matplotlib Agg), and the
 same table and plots in W&B when a project is given. Attack scores come with 95 % bootstrap intervals over the
-attacked images; a threat model whose attacks do not break the undefended model says that it cannot rank defences."""
+attacked images; a threat model whose attacks do not break the undefended model says that it cannot rank defences.
+Each server of :data:`~lightning_fl.bench.grid.SERVERS` gets its own panels and verdict: a defence that holds
+against one may fall to the other."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lightning_fl.bench.grid import SERVERS
 
 __all__ = [
     "BROKEN_SHARE",
@@ -93,9 +97,6 @@ BROKEN_SHARE = 0.5
 CANNOT_RANK = "no attack broke the undefended model here: this threat model cannot rank defences"
 NO_UNDEFENDED = f"no {UNDEFENDED} row here: whether the attacks break the undefended model is unknown, so no front"
 _RESAMPLES = 2000
-SERVERS = ("honest-but-curious", "malicious")
-"""The servers an attack may assume (:func:`~lightning_fl.bench.grid.server_threat`): each gets its own panel and
-its own "is the undefended model broken" verdict, since a defence that holds against one may fall to the other."""
 
 
 def _server(row: Mapping[str, Any]) -> str:
