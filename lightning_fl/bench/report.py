@@ -502,7 +502,7 @@ def _strength(row: Mapping[str, Any]) -> str:
 def _attack_label(row: Mapping[str, Any], *, server: bool = True) -> str:
     """An attack's name in tables and plots, with (``server``) its threat model when the server is malicious and a
     mark on a prior-only baseline and on an attack that ran on a model of its own."""
-    suffix = ", malicious server" if server and row.get("server") == "malicious" else ""
+    suffix = ", malicious server" if server and _server(row) == SERVERS[1] else ""
     marks = " (prior only)" if row.get("prior_only") else " (own model)" if row.get("own_model") else ""
     return row["attack"] + suffix + marks
 

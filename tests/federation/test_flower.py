@@ -114,15 +114,22 @@ def one_round(output_dir: str = "runs/flower-test") -> FederatedLoop:
     return three_keylock_clients(output_dir)
 
 
+@pytest.fixture
+def server_app_identity(monkeypatch) -> None:
+    """What Flower's engines set in the ServerApp's process, so its grid can be driven in this one."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+@pytest.mark.usefixtures("server_app_identity")
 def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(tmp_path, monkeypatch) -> None:
     from flwr.app import Context, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from lightning_fl import flower
 
     monkeypatch.chdir(tmp_path)
-    for name in ("_task_id", "_run_id", "_node_id"):  # what Flower's engines set in the ServerApp's process
-        monkeypatch.setattr(TaskIdentity, name, 1)
     federation = FlowerFederation(one_round)
     client_loop = flower._client_loop(one_round, federation.key)  # what this process's ClientApp trains with
     fit = client_loop.runner.fit
@@ -143,15 +150,11 @@ def test_a_failing_client_is_dropped_and_secrets_stay_in_the_nodes_flower_state(
     assert not any(c.private for c in client_loop.runner.store)  # the ClientApp process forgets them after a fit
 
 
-def test_supernodes_that_do_not_answer_in_time_are_named_with_the_timeout_to_raise(monkeypatch) -> None:
+@pytest.mark.usefixtures("server_app_identity")
+def test_supernodes_that_do_not_answer_in_time_are_named_with_the_timeout_to_raise() -> None:
     """A loaded machine can leave a ClientApp still building its loop when the query times out: the error says
     how many answered and which knob to raise, not that no node holds the clients."""
-    from flwr.supercore.task_identity import TaskIdentity
-
     from lightning_fl.flower import discover_nodes
-
-    for name in ("_task_id", "_run_id", "_node_id"):  # what Flower's engines set in the ServerApp's process
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
     class SilentGrid(InProcessGrid):
         def send_and_receive(self, messages, *, timeout=None) -> list:
