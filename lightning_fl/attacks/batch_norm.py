@@ -8,9 +8,12 @@ Inversion Attacks and Defenses in Federated Learning", Sec. 3, the "BN statistic
   layer's normalisation makes the gradient blind to the image's brightness and contrast.
 * ``"running"``: the running statistics of the broadcast model, which the server holds (See-Through-Gradients' and
   DeepInversion's prior; informative once the model has trained).
-* ``"leaked"``: the batch's own statistics. A FedSGD update shares the running-statistics buffers after one local
+* ``"leaked"``: the batches' own statistics. A FedSGD update shares the running-statistics buffers after one local
   step, :math:`r' = (1 - m) r + m \mu_B`, so the server reads :math:`\mu_B = r + (r' - r)/m` (and the unbiased
-  variance likewise); breaching's user sends these buffers too (``provide_buffers``).
+  variance likewise); breaching's user sends these buffers too (``provide_buffers``). After T local steps
+  :math:`r_T = \prod_t (1 - m_t)\, r_0 + \sum_t a_t \mu_t` with :math:`a_t = m_t \prod_{u > t} (1 - m_u)`, so the
+  server reads the weighted mean :math:`\sum_t w_t \mu_t` of the steps' batch statistics, :math:`w_t = a_t / \sum_u
+  a_u`, and the attacker matches its simulated steps' statistics with the same weights.
 
 The prior is DeepInversion's (Yin et al., CVPR 2020, Eq. 4; See-Through-Gradients, Eq. 9):
 :math:`R_{BN}(x) = \sum_l \|\mu_l(x) - \mu_l\|_2 + \|\sigma^2_l(x) - \sigma^2_l\|_2`.
@@ -19,6 +22,7 @@ The prior is DeepInversion's (Yin et al., CVPR 2020, Eq. 4; See-Through-Gradient
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -35,6 +39,7 @@ __all__ = [
     "batch_norm_layer_names",
     "batch_norm_prior",
     "batch_norm_statistics",
+    "batch_norm_step_weights",
     "leaked_batch_statistics",
 ]
 
@@ -54,27 +59,65 @@ def batch_norm_layer_names(model: nn.Module) -> list[str]:
     return [name for name, _ in _batch_norms(model)]
 
 
-def batch_norm_distance(inputs: Sequence[Tensor], statistics: BatchNormStatistics, *, correction: int) -> Tensor:
-    r""":math:`R_{BN}` of one candidate batch from the ``inputs`` it fed each ``BatchNorm2d`` (``(B, C, H, W)``
-    each, in model order): :math:`\sum_l \|\mu_l(x) - \mu_l\|_2 + \|\sigma^2_l(x) - \sigma^2_l\|_2`, the variance
-    with ``correction`` (see :func:`batch_norm_prior`).
+def _step_momenta(layer: nn.BatchNorm2d, local_steps: int) -> list[float]:
+    if layer.momentum is not None:
+        return [layer.momentum] * local_steps
+    tracked = int(layer.num_batches_tracked) if layer.num_batches_tracked is not None else 0
+    return [1.0 / (tracked + t + 1) for t in range(local_steps)]
+
+
+def batch_norm_step_weights(model: nn.Module, local_steps: int) -> list[list[float]]:
+    r"""For each ``BatchNorm2d`` of ``model`` (in model order), the weights :math:`w_t` of the ``local_steps`` steps'
+    batch statistics in its running buffers after those steps: :math:`w_t = a_t / \sum_u a_u`,
+    :math:`a_t = m_t \prod_{u > t} (1 - m_u)`, with ``m_t`` the layer's momentum, or :math:`1 / (n + t + 1)` for a
+    cumulative average after ``n`` tracked batches (see the module text). One step: ``[1.0]``.
+
+    Example:
+        >>> net = nn.Sequential(nn.BatchNorm2d(2), nn.BatchNorm2d(2, momentum=None))
+        >>> [[round(w, 4) for w in layer] for layer in batch_norm_step_weights(net, 2)]
+        [[0.4737, 0.5263], [0.5, 0.5]]
+    """
+    weights = []
+    for _, layer in _batch_norms(model):
+        momenta = _step_momenta(layer, local_steps)
+        shares = [m * math.prod(1 - later for later in momenta[t + 1 :]) for t, m in enumerate(momenta)]
+        weights.append([share / sum(shares) for share in shares])
+    return weights
+
+
+def batch_norm_distance(
+    step_inputs: Sequence[Sequence[Tensor]],
+    statistics: BatchNormStatistics,
+    *,
+    correction: int,
+    step_weights: Sequence[Sequence[float]] | None = None,
+) -> Tensor:
+    r""":math:`R_{BN}` of one candidate batch from the inputs each local step fed each ``BatchNorm2d``
+    (``step_inputs[t][l]``, ``(B, C, H, W)``): per layer, the steps' batch means and variances (with ``correction``,
+    see :func:`batch_norm_prior`) averaged with ``step_weights[l]`` (:func:`batch_norm_step_weights`; ``None``: one
+    step), :math:`\sum_l \|\mu_l(x) - \mu_l\|_2 + \|\sigma^2_l(x) - \sigma^2_l\|_2`.
 
     Raises:
-        ValueError: when ``inputs`` and ``statistics`` differ in length.
+        ValueError: when the steps, layers, weights and ``statistics`` differ in length.
     """
-    total = inputs[0].new_zeros(())
-    for features, (mean, var) in zip(inputs, statistics, strict=True):
-        batch_var = features.var((0, 2, 3), correction=correction)
-        total = total + (features.mean((0, 2, 3)) - mean).norm() + (batch_var - var).norm()
+    weights = step_weights if step_weights is not None else [[1.0]] * len(statistics)
+    total = step_inputs[0][0].new_zeros(())
+    per_layer = list(zip(*step_inputs, strict=True))
+    for features, (mean, var), layer_weights in zip(per_layer, statistics, weights, strict=True):
+        steps = list(zip(layer_weights, features, strict=True))
+        batch_mean = sum(w * f.mean((0, 2, 3)) for w, f in steps)
+        batch_var = sum(w * f.var((0, 2, 3), correction=correction) for w, f in steps)
+        total = total + (batch_mean - mean).norm() + (batch_var - var).norm()
     return total
 
 
 def leaked_batch_statistics(view: ServerView) -> BatchNormStatistics | None:
-    r"""The statistics of the client's batch, read off the running-statistics change an update of one step shares.
+    r"""The statistics of the client's batches, read off the running-statistics change its update shares.
 
-    Inverts :math:`r' = (1 - m) r + m s` for each ``BatchNorm2d`` buffer (``m`` the layer's momentum, or
-    :math:`1 / (t + 1)` for a cumulative average after ``t`` tracked batches). ``None`` when the view does not hold
-    every buffer's change or the update took more than one local step (its buffers then mix several batches).
+    Inverts :math:`r_T = \prod_t (1 - m_t)\, r_0 + \sum_t a_t s_t` for each ``BatchNorm2d`` buffer (module text):
+    the batch's own mean and unbiased variance after one local step, their :func:`batch_norm_step_weights`-weighted
+    mean over the steps after ``view.metadata["local_steps"]``. ``None`` when the view does not hold every buffer's
+    change.
 
     Example:
         >>> import torch
@@ -89,19 +132,16 @@ def leaked_batch_statistics(view: ServerView) -> BatchNormStatistics | None:
         >>> torch.allclose(var, features.var((0, 2, 3)), atol=1e-5)
         True
     """
-    if int(view.metadata.get("local_steps") or 1) != 1:
-        return None
+    local_steps = int(view.metadata.get("local_steps") or 1)
     statistics: BatchNormStatistics = []
     for name, layer in _batch_norms(view.model):
         mean_key, var_key = f"{name}.running_mean", f"{name}.running_var"
         if mean_key not in view.tensors or var_key not in view.tensors:
             return None
-        momentum = layer.momentum
-        if momentum is None:
-            momentum = 1.0 / (int(layer.num_batches_tracked) + 1)
+        moved = 1 - math.prod(1 - m for m in _step_momenta(layer, local_steps))  # sum_t a_t
         old_mean, old_var = layer.running_mean.detach(), layer.running_var.detach()
-        mean = old_mean + view.tensors[mean_key].detach().to(old_mean) / momentum
-        var = old_var + view.tensors[var_key].detach().to(old_var) / momentum
+        mean = old_mean + view.tensors[mean_key].detach().to(old_mean) / moved
+        var = old_var + view.tensors[var_key].detach().to(old_var) / moved
         statistics.append((mean, var))
     return statistics or None
 
@@ -122,7 +162,7 @@ def batch_norm_statistics(view: ServerView, choice: BatchNormStatisticsName) -> 
     leaked = leaked_batch_statistics(view)
     if leaked is None and choice == "leaked":
         raise ValueError(
-            "bn_statistics='leaked' needs an update of one local step that shares the BatchNorm running statistics "
+            "bn_statistics='leaked' needs an update that shares the BatchNorm running statistics "
             f"(the {view.leak_point!r} view holds none); use 'running', 'none' or 'auto'."
         )
     return leaked
@@ -163,7 +203,7 @@ def batch_norm_prior(
     def prior(images: Tensor) -> Tensor:
         seen.clear()
         copied(images)
-        total = batch_norm_distance(seen, statistics, correction=correction)
+        total = batch_norm_distance([seen], statistics, correction=correction)
         seen.clear()
         return total
 

@@ -39,6 +39,7 @@ from lightning_fl.attacks.batch_norm import (
     batch_norm_layer_names,
     batch_norm_prior,
     batch_norm_statistics,
+    batch_norm_step_weights,
 )
 from lightning_fl.attacks.batch_settings import (
     BATCH_MAX_ITERATIONS,
@@ -52,7 +53,7 @@ from lightning_fl.attacks.batch_settings import (
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
 from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_layer_weight_name
-from lightning_fl.attacks.local_update import parameter_gradient_and_inputs, simulated_pseudo_gradient
+from lightning_fl.attacks.local_update import simulated_pseudo_gradient_and_inputs
 from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.metrics import match_reconstructions
@@ -324,7 +325,11 @@ class GradientMatchingAttack(GradientAttack):
                 seed=self.seed,
             )
             labels = restart_label_orders(
-                known.cpu(), local_steps=target.local_steps, restarts=self.restarts, generator=generator
+                known.cpu(),
+                local_steps=target.local_steps,
+                restarts=self.restarts,
+                generator=generator,
+                data_per_step=target.data_per_step,
             )
             label_input, to_probabilities = F.one_hot(labels, num_classes).to(device, dtype), _identity
             variables = [images]
@@ -339,32 +344,33 @@ class GradientMatchingAttack(GradientAttack):
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
         statistics = batch_norm_statistics(view, self.bn_statistics) if self.bn_weight > 0 else None
         correction = 0 if self.bn_statistics == "running" else 1
-        # one image batch in train mode: the simulated step's own forward pass feeds the BatchNorm prior (the
-        # separate prior model runs in train mode, so only then are the two passes the same)
-        fused = statistics is not None and model.training and target.local_steps == 1
+        # in train mode the simulated steps' own forward passes feed the BatchNorm prior, each step's batch weighted
+        # as the running buffers weight it (the separate prior model runs in train mode, so only then is it the same)
+        fused = statistics is not None and model.training
         norms = [model.get_submodule(name) for name in norm_names] if fused else []
+        step_weights = batch_norm_step_weights(view.model, target.local_steps) if fused else None
         if statistics is not None and not fused:
             prior = batch_norm_prior(view.model, statistics, correction=correction)
             regularisers.append(lambda x: self.bn_weight * prior(x))
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-            if fused:
-                candidate, inputs = parameter_gradient_and_inputs(
-                    model, params, frozen | unknown, x, to_probabilities(y), modules=norms
-                )
-                penalty = self.bn_weight * batch_norm_distance(inputs, statistics, correction=correction)
-            else:
-                candidate = simulated_pseudo_gradient(
-                    model,
-                    params,
-                    frozen | unknown,
-                    x,
-                    to_probabilities(y),
-                    local_steps=target.local_steps,
-                    lr=target.lr,
-                    data_per_step=target.data_per_step,
-                )
-                penalty = 0.0
+            candidate, step_inputs = simulated_pseudo_gradient_and_inputs(
+                model,
+                params,
+                frozen | unknown,
+                x,
+                to_probabilities(y),
+                local_steps=target.local_steps,
+                lr=target.lr,
+                data_per_step=target.data_per_step,
+                modules=norms,
+            )
+            penalty = (
+                self.bn_weight
+                * batch_norm_distance(step_inputs, statistics, correction=correction, step_weights=step_weights)
+                if fused
+                else 0.0
+            )
             matched = [candidate[n] for n in target.names]
             if target.masks is not None:
                 matched = [c * m for c, m in zip(matched, target.masks, strict=True)]

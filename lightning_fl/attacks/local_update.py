@@ -16,7 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad
 
-__all__ = ["parameter_gradient", "parameter_gradient_and_inputs", "simulated_pseudo_gradient", "soft_cross_entropy"]
+__all__ = [
+    "parameter_gradient",
+    "parameter_gradient_and_inputs",
+    "simulated_pseudo_gradient",
+    "simulated_pseudo_gradient_and_inputs",
+    "soft_cross_entropy",
+]
 
 
 def soft_cross_entropy(logits: Tensor, probabilities: Tensor) -> Tensor:
@@ -112,16 +118,59 @@ def simulated_pseudo_gradient(
         >>> torch.allclose(one["weight"], parameter_gradient(net, params, {}, x, y)["weight"])
         True
     """
+    return simulated_pseudo_gradient_and_inputs(
+        model,
+        params,
+        frozen,
+        images,
+        probabilities,
+        local_steps=local_steps,
+        lr=lr,
+        data_per_step=data_per_step,
+        modules=(),
+    )[0]
+
+
+def simulated_pseudo_gradient_and_inputs(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    frozen: dict[str, Tensor],
+    images: Tensor,
+    probabilities: Tensor,
+    *,
+    local_steps: int,
+    lr: float | None,
+    data_per_step: int,
+    modules: Sequence[nn.Module],
+) -> tuple[dict[str, Tensor], list[list[Tensor]]]:
+    """:func:`simulated_pseudo_gradient` and, for each simulated step, the inputs its forward pass fed to each of
+    ``modules`` (``[step][module]``, each step at that step's parameters): the BatchNorm prior of a multi-step update
+    matches the statistics of every step's batch (:func:`~lightning_fl.attacks.batch_norm.batch_norm_distance`).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> params = {k: v.detach() for k, v in net.named_parameters()}
+        >>> x, y = torch.ones(2, 3), torch.eye(2)
+        >>> _, inputs = simulated_pseudo_gradient_and_inputs(
+        ...     net, params, {}, x, y, local_steps=2, lr=0.1, data_per_step=1, modules=[net[2]]
+        ... )
+        >>> len(inputs), len(inputs[0]), tuple(inputs[1][0].shape)
+        (2, 1, (1, 4))
+    """
     if local_steps < 1:
         raise ValueError(f"local_steps={local_steps} must be >= 1.")
     if local_steps == 1:
-        return parameter_gradient(model, params, frozen, images, probabilities)
+        gradient, inputs = parameter_gradient_and_inputs(model, params, frozen, images, probabilities, modules=modules)
+        return gradient, [inputs]
     if lr is None or lr <= 0:
         raise ValueError(f"simulating {local_steps} local steps needs the client's learning rate, got lr={lr}.")
-    current = params
+    current, step_inputs = params, []
     count = images.shape[0]
     for step in range(local_steps):
         index = (torch.arange(data_per_step, device=images.device) + step * data_per_step) % count
-        gradient = parameter_gradient(model, current, frozen, images[index], probabilities[index])
+        gradient, inputs = parameter_gradient_and_inputs(
+            model, current, frozen, images[index], probabilities[index], modules=modules
+        )
+        step_inputs.append(inputs)
         current = {k: current[k] - lr * gradient[k] for k in current}
-    return {k: (params[k] - current[k]) / lr for k in params}
+    return {k: (params[k] - current[k]) / lr for k in params}, step_inputs

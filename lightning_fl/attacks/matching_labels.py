@@ -61,24 +61,41 @@ def target_labels(
     )
 
 
-def restart_label_orders(labels: Tensor, *, local_steps: int, restarts: int, generator: torch.Generator) -> Tensor:
+def restart_label_orders(
+    labels: Tensor, *, local_steps: int, restarts: int, generator: torch.Generator, data_per_step: int | None = None
+) -> Tensor:
     """Inferred labels per restart ``(R, B)``.
 
     Inferred: in a multi-step update the assignment of the inferred label multiset to local steps is unknown (the
-    gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred order,
-    restart 1 reverses it and later restarts draw random permutations; the best restart picks the assignment.
+    gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred order and
+    the others try other assignments: first ones that put other labels together in a step (each a new partition of
+    the multiset into step batches), then other step orders of those, drawn from ``generator``; the best restart
+    picks the assignment. Step t holds positions ``[t * data_per_step, (t + 1) * data_per_step)`` modulo ``B`` (as
+    :func:`~lightning_fl.attacks.local_update.simulated_pseudo_gradient` visits them; default ``B / local_steps``).
 
     Example:
-        >>> restart_label_orders(torch.tensor([3, 1]), local_steps=2, restarts=2, generator=torch.Generator())
-        tensor([[3, 1],
-                [1, 3]])
+        >>> orders = restart_label_orders(torch.tensor([0, 3, 5, 8]), local_steps=2, restarts=4,
+        ...                               generator=torch.Generator().manual_seed(0))
+        >>> sorted({tuple(sorted((tuple(sorted(o[:2].tolist())), tuple(sorted(o[2:].tolist()))))) for o in orders})
+        [((0, 3), (5, 8)), ((0, 5), (3, 8)), ((0, 8), (3, 5))]
     """
     count = len(labels)
-    orders = [torch.arange(count)]
-    if local_steps > 1:
-        orders.append(torch.arange(count).flip(0))
-        orders += [torch.randperm(count, generator=generator) for _ in range(restarts - 2)]
-    else:
-        orders *= restarts
-    orders = orders[:restarts]
-    return labels[torch.stack(orders)]
+    if local_steps == 1 or restarts == 1:
+        return labels.expand(restarts, count).clone()
+    per_step = data_per_step or max(count // local_steps, 1)
+
+    def step_batches(order: Tensor) -> tuple[tuple[int, ...], ...]:
+        positions = [(torch.arange(per_step) + t * per_step) % count for t in range(local_steps)]
+        return tuple(tuple(sorted(labels[order[p]].tolist())) for p in positions)
+
+    candidates = [torch.arange(count)] + [torch.randperm(count, generator=generator) for _ in range(64 * restarts)]
+    keys = [step_batches(order) for order in candidates]
+    chosen: list[int] = []
+    for new_key in (lambda steps: tuple(sorted(steps)), lambda steps: steps, lambda steps: None):
+        seen = {new_key(keys[i]) for i in chosen}
+        for index, steps in enumerate(keys):
+            key = new_key(steps)
+            if len(chosen) < restarts and index not in chosen and (key is None or key not in seen):
+                chosen.append(index)
+                seen.add(key)
+    return labels[torch.stack([candidates[i] for i in chosen])]

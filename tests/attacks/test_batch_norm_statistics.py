@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.func import replace_all_batch_norm_modules_
 
 from lightning_fl.attacks import InvertingGradientsAttack
-from lightning_fl.attacks.batch_norm import batch_norm_prior, batch_norm_statistics, leaked_batch_statistics
+from lightning_fl.attacks.batch_norm import (
+    batch_norm_distance,
+    batch_norm_prior,
+    batch_norm_statistics,
+    batch_norm_step_weights,
+    leaked_batch_statistics,
+)
+from lightning_fl.attacks.local_update import simulated_pseudo_gradient_and_inputs
 from lightning_fl.attacks.priors import total_variation
 from lightning_fl.attacks.standalone import AttackRun, client_view, run_attack
 from lightning_fl.datamodules import FederatedDataModule
@@ -43,13 +54,42 @@ def test_a_fedsgd_update_of_a_batchnorm_net_leaks_every_layers_batch_statistics(
     assert float(prior(images).detach()) < 1e-2 < float(prior(torch.rand_like(images)).detach())
 
 
-def test_leaked_statistics_are_refused_where_an_update_mixes_several_batches() -> None:
+def test_a_two_step_update_leaks_the_weighted_mean_of_its_batches_statistics() -> None:
     torch.manual_seed(0)
     model = ConvNet(width=4, num_classes=9)
-    images = torch.rand(2, 3, 32, 32)
-    view = client_view(model, images, torch.tensor([0, 1]), num_classes=9, local_steps=2, lr=0.1)
+    data = load_dataset("photo_tiles", train=True, image_size=32)
+    images, labels = data.images[80:84].float() / 255, data.labels[80:84]
+    view = client_view(model, images, labels, num_classes=9, local_steps=2, lr=0.1)
+    leaked = leaked_batch_statistics(view)
+    attacker = copy.deepcopy(view.model)
+    replace_all_batch_norm_modules_(attacker)
+    norms = [m for m in attacker.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    params = {n: p.detach() for n, p in attacker.named_parameters()}
+    buffers = {n: b.detach() for n, b in attacker.named_buffers()}
+
+    def distance(candidates: torch.Tensor, weights: list[list[float]] | None = None) -> float:
+        _, step_inputs = simulated_pseudo_gradient_and_inputs(
+            attacker,
+            params,
+            buffers,
+            candidates,
+            F.one_hot(labels, 9).float(),
+            local_steps=2,
+            lr=0.1,
+            data_per_step=2,
+            modules=norms,
+        )
+        weights = weights or batch_norm_step_weights(view.model, 2)
+        return float(batch_norm_distance(step_inputs, leaked, correction=1, step_weights=weights).detach())
+
+    assert leaked is not None and len(leaked) == len(norms) == 8
+    assert distance(images) < 1e-2 < 1.0 < distance(torch.rand_like(images))
+    assert distance(images[[2, 3, 0, 1]]) > 1e-2  # each step's batch has its own weight and parameters
+    assert distance(images, [[0.5, 0.5]] * 8) > 0.1  # the steps weigh as the momentum makes them (0.47, 0.53)
+    buffers_withheld = {n: t for n, t in view.tensors.items() if not n.endswith(("running_mean", "running_var"))}
+    view = dataclasses.replace(view, tensors=buffers_withheld)
     assert leaked_batch_statistics(view) is None and batch_norm_statistics(view, "auto") is None
-    with pytest.raises(ValueError, match="bn_statistics='leaked' needs an update of one local step"):
+    with pytest.raises(ValueError, match="bn_statistics='leaked' needs an update that shares the BatchNorm running"):
         batch_norm_statistics(view, "leaked")
 
 
@@ -97,3 +137,18 @@ def test_the_fused_batch_norm_prior_equals_the_separate_prior_model() -> None:
     assert torch.allclose(total, expected, rtol=1e-5)
     fused, separate = (torch.autograd.grad(t.sum(), candidates, retain_graph=True)[0] for t in (total, expected))
     assert torch.allclose(fused, separate, rtol=1e-4, atol=1e-6)
+
+
+def test_a_two_step_attack_matches_its_simulated_steps_statistics_to_the_leaked_ones() -> None:
+    torch.manual_seed(0)
+    model = ConvNet(width=4, num_classes=9)
+    data = load_dataset("photo_tiles", train=True, image_size=32)
+    images, labels = data.images[80:84].float() / 255, data.labels[80:84]
+    view = client_view(model, images, labels, num_classes=9, local_steps=2, lr=0.1)
+    attack = InvertingGradientsAttack(max_iterations=1, restarts=1, tv_weight=0.0, bn_statistics="leaked", bn_weight=1)
+    problem = attack.problem(view)
+    truth = F.one_hot(labels, 9).float()[None]
+    at_truth, gap = problem.objective(images[None], truth)
+    elsewhere, _ = problem.objective(torch.rand_like(images)[None], truth)
+    assert float(at_truth.detach()) < 1e-3 < 1.0 < float(elsewhere.detach())
+    assert float(gap.detach()) < 1e-4
