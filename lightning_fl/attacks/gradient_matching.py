@@ -141,7 +141,9 @@ class GradientMatchingAttack(GradientAttack):
             al., CVPR 2021, Eq. 10-11) instead of the best restart's: each restart ends in its own local optimum, and
             the mean averages their independent errors out. Each restart's batch is first put in the best
             restart's order (:func:`~lightning_fl.attacks.metrics.match_reconstructions`, standing in for the
-            paper's image registration); the labels are the best restart's.
+            paper's image registration); the labels are the best restart's. Restarts given other fixed labels than
+            the best one's (another assignment of labels to local steps, :func:`restart_label_orders`) stay out of
+            the mean.
         progress_bar: show a rich progress bar.
         seed: seed of the starting images and labels.
 
@@ -485,8 +487,10 @@ class GradientMatchingAttack(GradientAttack):
         else:
             best = int(state.best_losses.nan_to_num(torch.inf).argmin())
             images, labels = state.best_images[best], state.best_labels[best]
-            if self.consensus:
-                images = restart_consensus(state.best_images, best=best)
+            if self.consensus:  # restarts given other fixed labels (a multi-step order) solved another problem
+                fixed = not problem.label_input.requires_grad
+                among = (state.best_labels == state.best_labels[best]).all(-1) if fixed else None
+                images = restart_consensus(state.best_images, best=best, among=among)
         winner = int(state.restart_ids[best])
         loss_history = [float(losses[int((ids == winner).nonzero()[0])]) for losses, ids in history]
         return Reconstruction(
@@ -515,10 +519,11 @@ class GradientMatchingAttack(GradientAttack):
         )
 
 
-def restart_consensus(images: Tensor, *, best: int) -> Tensor:
+def restart_consensus(images: Tensor, *, best: int, among: Tensor | None = None) -> Tensor:
     """The mean over restarts of ``images`` ``(R, B, ...)`` (clamped to [0, 1]), each restart's batch first put in
     the order of restart ``best``'s (its images matched to restart ``best``'s by the Hungarian algorithm: a batch's
-    order is arbitrary in each restart).
+    order is arbitrary in each restart); ``among``: which restarts enter the mean (``(R,)`` bool, ``best``'s
+    included), default all.
 
     Example:
         >>> a, b = torch.zeros(1, 4), torch.ones(1, 4)
@@ -528,7 +533,7 @@ def restart_consensus(images: Tensor, *, best: int) -> Tensor:
     """
     images = images.nan_to_num(0.5).clamp(0, 1)
     aligned = []
-    for candidate in images:
+    for candidate in images if among is None else images[among]:
         rows, cols = match_reconstructions(candidate, images[best])
         aligned.append(candidate[rows[cols.argsort()]])
     return torch.stack(aligned).mean(0)

@@ -145,6 +145,17 @@ def test_consensus_puts_each_restarts_batch_in_the_best_restarts_order() -> None
     swapped = torch.stack([images[0], images[0][[2, 0, 1]] * 0.9])  # restart 1: restart 0's images, reordered
     expected = (images[0] + images[0] * 0.9) / 2
     assert torch.allclose(restart_consensus(swapped, best=0), expected)
-    multi_step, _ = digits_view(batch_size=1, local_steps=2, image_size=16)  # restarts differ in label order
-    attack = InvertingGradientsAttack(max_iterations=3, restarts=3, consensus=True, progress_bar=False)
-    assert attack.reconstruct(multi_step).images.shape == (2, 1, 16, 16)
+    assert torch.allclose(restart_consensus(swapped, best=0, among=torch.tensor([True, False])), images[0])
+
+
+def test_consensus_leaves_out_restarts_given_another_assignment_of_labels_to_local_steps() -> None:
+    # two steps of two digits (labels inferred for a batch): the restarts try other splits of the labels into steps
+    multi_step, _ = digits_view(batch_size=2, local_steps=2, image_size=16, distinct_labels=True)
+    settings = {"max_iterations": 3, "restarts": 3, "progress_bar": False}
+    final = list(InvertingGradientsAttack(**settings).iterate(multi_step))[-1]
+    best = int(final.best_losses.argmin())
+    same = (final.best_labels == final.best_labels[best]).all(-1)
+    assert same.tolist().count(True) == 1
+    images = InvertingGradientsAttack(**settings, consensus=True).reconstruct(multi_step).images
+    assert torch.allclose(images, restart_consensus(final.best_images, best=best, among=same))
+    assert not torch.allclose(images, restart_consensus(final.best_images, best=best))
