@@ -125,7 +125,7 @@ class GradientMatchingAttack(GradientAttack):
         layers: ``fnmatch`` patterns of the parameter names to match; ``None`` matches every intercepted one.
         bn_statistics: which BatchNorm statistics the attacker knows (the threat-model axis of Huang et al., 2021;
             see :mod:`~lightning_fl.attacks.batch_norm`): ``"none"``, ``"running"`` (the broadcast model's),
-            ``"leaked"`` (the batch's own, read off a one-step update's buffers) or ``"auto"`` (leaked where the view
+            ``"leaked"`` (the batches' own, read off an update's buffers) or ``"auto"`` (leaked where the view
             holds them, else none).
         bn_weight: weight of the BatchNorm prior :math:`R_{BN}` against those statistics (0 disables).
         stop_below: stop as soon as one restart's relative gradient distance (see :class:`MatchingState`) is at
