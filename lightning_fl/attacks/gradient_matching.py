@@ -53,7 +53,7 @@ from lightning_fl.attacks.batch_settings import (
 from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_distance, euclidean_distance
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
 from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_layer_weight_name
-from lightning_fl.attacks.local_update import simulated_pseudo_gradient_and_inputs
+from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.metrics import match_reconstructions
@@ -356,7 +356,7 @@ class GradientMatchingAttack(GradientAttack):
             regularisers.append(lambda x: self.bn_weight * prior(x))
 
         def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-            candidate, step_inputs = simulated_pseudo_gradient_and_inputs(
+            candidate, step_inputs = simulated_pseudo_gradient(
                 model,
                 params,
                 frozen | unknown,

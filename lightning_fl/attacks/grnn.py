@@ -334,7 +334,7 @@ class GRNN(GradientAttack):
             for iteration in range(self.iterations):
                 optimiser.zero_grad()
                 images, soft_labels = generator(latent)
-                fake = simulated_pseudo_gradient(
+                fake, _ = simulated_pseudo_gradient(
                     model,
                     params,
                     frozen,

@@ -20,7 +20,6 @@ __all__ = [
     "parameter_gradient",
     "parameter_gradient_and_inputs",
     "simulated_pseudo_gradient",
-    "simulated_pseudo_gradient_and_inputs",
     "soft_cross_entropy",
 ]
 
@@ -100,58 +99,28 @@ def simulated_pseudo_gradient(
     probabilities: Tensor,
     *,
     local_steps: int,
-    lr: float,
+    lr: float | None,
     data_per_step: int,
-) -> dict[str, Tensor]:
-    r"""Pseudo-gradient :math:`-(\theta_T - \theta_0)/\eta` of ``local_steps`` simulated SGD steps on the candidates.
+    modules: Sequence[nn.Module] = (),
+) -> tuple[dict[str, Tensor], list[list[Tensor]]]:
+    r"""Pseudo-gradient :math:`-(\theta_T - \theta_0)/\eta` of ``local_steps`` simulated SGD steps on the candidates,
+    and, for each step, the inputs its forward pass fed to each of ``modules`` (``[step][module]``, each step at that
+    step's parameters): the BatchNorm prior of a multi-step update matches the statistics of every step's batch
+    (:func:`~lightning_fl.attacks.batch_norm.batch_norm_distance`).
 
     Step t uses candidates ``[t * data_per_step, (t + 1) * data_per_step)`` modulo their number, so T steps over
     n candidates revisit them like local epochs do (breaching's ``_grad_fn_multi_step``). Inferred: the client's
     optimiser is plain SGD with constant step :math:`\eta` (the FedAvg local update); the shuffle order of a real
-    client is unknown and not modelled. For ``local_steps=1`` this is :func:`parameter_gradient`.
-
-    Example:
-        >>> net = nn.Linear(3, 2)
-        >>> params = {k: v.detach() for k, v in net.named_parameters()}
-        >>> x, y = torch.ones(1, 3), torch.tensor([[0.0, 1.0]])
-        >>> one = simulated_pseudo_gradient(net, params, {}, x, y, local_steps=1, lr=0.1, data_per_step=1)
-        >>> torch.allclose(one["weight"], parameter_gradient(net, params, {}, x, y)["weight"])
-        True
-    """
-    return simulated_pseudo_gradient_and_inputs(
-        model,
-        params,
-        frozen,
-        images,
-        probabilities,
-        local_steps=local_steps,
-        lr=lr,
-        data_per_step=data_per_step,
-        modules=(),
-    )[0]
-
-
-def simulated_pseudo_gradient_and_inputs(
-    model: nn.Module,
-    params: dict[str, Tensor],
-    frozen: dict[str, Tensor],
-    images: Tensor,
-    probabilities: Tensor,
-    *,
-    local_steps: int,
-    lr: float | None,
-    data_per_step: int,
-    modules: Sequence[nn.Module],
-) -> tuple[dict[str, Tensor], list[list[Tensor]]]:
-    """:func:`simulated_pseudo_gradient` and, for each simulated step, the inputs its forward pass fed to each of
-    ``modules`` (``[step][module]``, each step at that step's parameters): the BatchNorm prior of a multi-step update
-    matches the statistics of every step's batch (:func:`~lightning_fl.attacks.batch_norm.batch_norm_distance`).
+    client is unknown and not modelled. For ``local_steps=1`` this is :func:`parameter_gradient_and_inputs`.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
         >>> params = {k: v.detach() for k, v in net.named_parameters()}
         >>> x, y = torch.ones(2, 3), torch.eye(2)
-        >>> _, inputs = simulated_pseudo_gradient_and_inputs(
+        >>> one, _ = simulated_pseudo_gradient(net, params, {}, x, y, local_steps=1, lr=0.1, data_per_step=2)
+        >>> torch.allclose(one["0.weight"], parameter_gradient(net, params, {}, x, y)["0.weight"])
+        True
+        >>> _, inputs = simulated_pseudo_gradient(
         ...     net, params, {}, x, y, local_steps=2, lr=0.1, data_per_step=1, modules=[net[2]]
         ... )
         >>> len(inputs), len(inputs[0]), tuple(inputs[1][0].shape)

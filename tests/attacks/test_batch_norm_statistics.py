@@ -20,11 +20,12 @@ from lightning_fl.attacks.batch_norm import (
     batch_norm_step_weights,
     leaked_batch_statistics,
 )
-from lightning_fl.attacks.local_update import simulated_pseudo_gradient_and_inputs
+from lightning_fl.attacks.local_update import simulated_pseudo_gradient
 from lightning_fl.attacks.priors import total_variation
 from lightning_fl.attacks.standalone import AttackRun, client_view, run_attack
 from lightning_fl.datamodules import FederatedDataModule
 from lightning_fl.datamodules.datasets import load_dataset
+from lightning_fl.messages import ServerView
 from lightning_fl.models import ConvNet, ImageClassifier
 
 
@@ -32,6 +33,15 @@ def photo_tile(index: int = 80) -> tuple[torch.Tensor, torch.Tensor]:
     data = load_dataset("photo_tiles", train=True, image_size=32)
     images = data.images[index : index + 1]
     return (images.float() / 255 if images.dtype == torch.uint8 else images), data.labels[index : index + 1]
+
+
+def two_step_view() -> tuple[ServerView, torch.Tensor, torch.Tensor]:
+    """The update of two SGD steps (lr 0.1) on two pairs of photo tiles by a width-4 ConvNet, and its batch."""
+    torch.manual_seed(0)
+    model = ConvNet(width=4, num_classes=9)
+    data = load_dataset("photo_tiles", train=True, image_size=32)
+    images, labels = data.images[80:84].float() / 255, data.labels[80:84]
+    return client_view(model, images, labels, num_classes=9, local_steps=2, lr=0.1), images, labels
 
 
 def test_a_fedsgd_update_of_a_batchnorm_net_leaks_every_layers_batch_statistics() -> None:
@@ -55,11 +65,7 @@ def test_a_fedsgd_update_of_a_batchnorm_net_leaks_every_layers_batch_statistics(
 
 
 def test_a_two_step_update_leaks_the_weighted_mean_of_its_batches_statistics() -> None:
-    torch.manual_seed(0)
-    model = ConvNet(width=4, num_classes=9)
-    data = load_dataset("photo_tiles", train=True, image_size=32)
-    images, labels = data.images[80:84].float() / 255, data.labels[80:84]
-    view = client_view(model, images, labels, num_classes=9, local_steps=2, lr=0.1)
+    view, images, labels = two_step_view()
     leaked = leaked_batch_statistics(view)
     attacker = copy.deepcopy(view.model)
     replace_all_batch_norm_modules_(attacker)
@@ -68,7 +74,7 @@ def test_a_two_step_update_leaks_the_weighted_mean_of_its_batches_statistics() -
     buffers = {n: b.detach() for n, b in attacker.named_buffers()}
 
     def distance(candidates: torch.Tensor, weights: list[list[float]] | None = None) -> float:
-        _, step_inputs = simulated_pseudo_gradient_and_inputs(
+        _, step_inputs = simulated_pseudo_gradient(
             attacker,
             params,
             buffers,
@@ -140,11 +146,7 @@ def test_the_fused_batch_norm_prior_equals_the_separate_prior_model() -> None:
 
 
 def test_a_two_step_attack_matches_its_simulated_steps_statistics_to_the_leaked_ones() -> None:
-    torch.manual_seed(0)
-    model = ConvNet(width=4, num_classes=9)
-    data = load_dataset("photo_tiles", train=True, image_size=32)
-    images, labels = data.images[80:84].float() / 255, data.labels[80:84]
-    view = client_view(model, images, labels, num_classes=9, local_steps=2, lr=0.1)
+    view, images, labels = two_step_view()
     attack = InvertingGradientsAttack(max_iterations=1, restarts=1, tv_weight=0.0, bn_statistics="leaked", bn_weight=1)
     problem = attack.problem(view)
     truth = F.one_hot(labels, 9).float()[None]

@@ -13,7 +13,7 @@ def test_simulated_pseudo_gradient_equals_real_multistep_sgd_update() -> None:
     view, truth = digits_view(batch_size=2, local_steps=3)
     params = {n: p.detach() for n, p in view.model.named_parameters()}
     buffers = dict(view.model.named_buffers())
-    simulated = simulated_pseudo_gradient(
+    simulated, _ = simulated_pseudo_gradient(
         view.model,
         params,
         buffers,
