@@ -59,11 +59,11 @@ def batch_norm_layer_names(model: nn.Module) -> list[str]:
     return [name for name, _ in _batch_norms(model)]
 
 
-def _step_momenta(layer: nn.BatchNorm2d, local_steps: int) -> list[float]:
-    if layer.momentum is not None:
-        return [layer.momentum] * local_steps
+def _step_shares(layer: nn.BatchNorm2d, local_steps: int) -> list[float]:
+    r""":math:`a_t = m_t \prod_{u > t} (1 - m_u)`, the share of step t's batch statistics in ``layer``'s buffers."""
     tracked = int(layer.num_batches_tracked) if layer.num_batches_tracked is not None else 0
-    return [1.0 / (tracked + t + 1) for t in range(local_steps)]
+    momenta = [layer.momentum if layer.momentum is not None else 1.0 / (tracked + t + 1) for t in range(local_steps)]
+    return [m * math.prod(1 - later for later in momenta[t + 1 :]) for t, m in enumerate(momenta)]
 
 
 def batch_norm_step_weights(model: nn.Module, local_steps: int) -> list[list[float]]:
@@ -77,12 +77,8 @@ def batch_norm_step_weights(model: nn.Module, local_steps: int) -> list[list[flo
         >>> [[round(w, 4) for w in layer] for layer in batch_norm_step_weights(net, 2)]
         [[0.4737, 0.5263], [0.5, 0.5]]
     """
-    weights = []
-    for _, layer in _batch_norms(model):
-        momenta = _step_momenta(layer, local_steps)
-        shares = [m * math.prod(1 - later for later in momenta[t + 1 :]) for t, m in enumerate(momenta)]
-        weights.append([share / sum(shares) for share in shares])
-    return weights
+    shares = [_step_shares(layer, local_steps) for _, layer in _batch_norms(model)]
+    return [[share / sum(layer) for share in layer] for layer in shares]
 
 
 def batch_norm_distance(
@@ -138,7 +134,7 @@ def leaked_batch_statistics(view: ServerView) -> BatchNormStatistics | None:
         mean_key, var_key = f"{name}.running_mean", f"{name}.running_var"
         if mean_key not in view.tensors or var_key not in view.tensors:
             return None
-        moved = 1 - math.prod(1 - m for m in _step_momenta(layer, local_steps))  # sum_t a_t
+        moved = sum(_step_shares(layer, local_steps))
         old_mean, old_var = layer.running_mean.detach(), layer.running_var.detach()
         mean = old_mean + view.tensors[mean_key].detach().to(old_mean) / moved
         var = old_var + view.tensors[var_key].detach().to(old_var) / moved
