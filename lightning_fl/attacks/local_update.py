@@ -21,6 +21,7 @@ __all__ = [
     "parameter_gradient_and_inputs",
     "simulated_pseudo_gradient",
     "soft_cross_entropy",
+    "step_positions",
 ]
 
 
@@ -91,6 +92,20 @@ def parameter_gradient_and_inputs(
     return grad(loss, has_aux=True)(params)
 
 
+def step_positions(
+    count: int, *, local_steps: int, data_per_step: int, device: torch.device | str = "cpu"
+) -> list[Tensor]:
+    """Which of ``count`` candidates each simulated local step uses: step t takes ``[t * data_per_step, (t + 1) *
+    data_per_step)`` modulo ``count``, so T steps over fewer candidates revisit them like local epochs do.
+
+    Example:
+        >>> [p.tolist() for p in step_positions(3, local_steps=2, data_per_step=2)]
+        [[0, 1], [2, 0]]
+    """
+    first = torch.arange(data_per_step, device=device)
+    return [(first + step * data_per_step) % count for step in range(local_steps)]
+
+
 def simulated_pseudo_gradient(
     model: nn.Module,
     params: dict[str, Tensor],
@@ -108,10 +123,9 @@ def simulated_pseudo_gradient(
     step's parameters): the BatchNorm prior of a multi-step update matches the statistics of every step's batch
     (:func:`~lightning_fl.attacks.batch_norm.batch_norm_distance`).
 
-    Step t uses candidates ``[t * data_per_step, (t + 1) * data_per_step)`` modulo their number, so T steps over
-    n candidates revisit them like local epochs do (breaching's ``_grad_fn_multi_step``). Inferred: the client's
-    optimiser is plain SGD with constant step :math:`\eta` (the FedAvg local update); the shuffle order of a real
-    client is unknown and not modelled. For ``local_steps=1`` this is :func:`parameter_gradient_and_inputs`.
+    Step t uses the candidates :func:`step_positions` names (breaching's ``_grad_fn_multi_step``). Inferred: the
+    client's optimiser is plain SGD with constant step :math:`\eta` (the FedAvg local update); the shuffle order of a
+    real client is unknown and not modelled. For ``local_steps=1`` this is :func:`parameter_gradient_and_inputs`.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -134,9 +148,10 @@ def simulated_pseudo_gradient(
     if lr is None or lr <= 0:
         raise ValueError(f"simulating {local_steps} local steps needs the client's learning rate, got lr={lr}.")
     current, step_inputs = params, []
-    count = images.shape[0]
-    for step in range(local_steps):
-        index = (torch.arange(data_per_step, device=images.device) + step * data_per_step) % count
+    positions = step_positions(
+        images.shape[0], local_steps=local_steps, data_per_step=data_per_step, device=images.device
+    )
+    for index in positions:
         gradient, inputs = parameter_gradient_and_inputs(
             model, current, frozen, images[index], probabilities[index], modules=modules
         )

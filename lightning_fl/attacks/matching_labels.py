@@ -16,6 +16,7 @@ from lightning_fl.attacks.labels import (
     last_layer_bias_name,
     last_layer_weight_name,
 )
+from lightning_fl.attacks.local_update import step_positions
 from lightning_fl.attacks.targets import MatchingTarget
 
 __all__ = ["restart_label_orders", "target_labels"]
@@ -70,8 +71,8 @@ def restart_label_orders(
     gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred order and
     the others try other assignments: first ones that put other labels together in a step (each a new partition of
     the multiset into step batches), then other step orders of those, drawn from ``generator``; the best restart
-    picks the assignment. Step t holds positions ``[t * data_per_step, (t + 1) * data_per_step)`` modulo ``B`` (as
-    :func:`~lightning_fl.attacks.local_update.simulated_pseudo_gradient` visits them; default ``B / local_steps``).
+    picks the assignment. Step t holds the positions :func:`~lightning_fl.attacks.local_update.step_positions` names
+    (``data_per_step`` default ``B / local_steps``).
 
     Example:
         >>> orders = restart_label_orders(torch.tensor([0, 3, 5, 8]), local_steps=2, restarts=4,
@@ -83,9 +84,9 @@ def restart_label_orders(
     if local_steps == 1 or restarts == 1:
         return labels.expand(restarts, count).clone()
     per_step = data_per_step or max(count // local_steps, 1)
+    positions = step_positions(count, local_steps=local_steps, data_per_step=per_step)
 
     def step_batches(order: Tensor) -> tuple[tuple[int, ...], ...]:
-        positions = [(torch.arange(per_step) + t * per_step) % count for t in range(local_steps)]
         return tuple(tuple(sorted(labels[order[p]].tolist())) for p in positions)
 
     candidates = [torch.arange(count)] + [torch.randperm(count, generator=generator) for _ in range(64 * restarts)]
