@@ -2,20 +2,25 @@
 
 Every run of the grid (each defence's utility run, each defence × threat model attack run with all its attacks) is
 built once before anything trains or is written, so a broken grid (a bad ``class_path``, a loop key typo, an
-unknown leak point, an attack round the run does not have) exits with 2 and one line naming the run and the key.
+unknown leak point, an attack round the run does not have, an ``eval_metric`` the model does not log) exits with 2
+and one line naming the run and the key.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ActionYesNo, ArgumentParser, Namespace
 
-from lightning_fl.bench.grid import SELECTABLE, applies, load_settings, select, utilities
+from lightning_fl.bench.grid import SELECTABLE, applies, load_settings, model_layers, select, utilities
+
+if TYPE_CHECKING:
+    from lightning_fl.federation.loop import FederatedLoop
 
 __all__ = ["RESUME_HINT", "bench_parser", "check_grid", "prepare_bench"]
 
@@ -65,12 +70,29 @@ def _selected(settings: dict[str, Any], cfg: Namespace) -> tuple[dict[str, Any],
     return settings, flags
 
 
-def _check_run(where: str, build: Callable[[], Any]) -> Any:
+_MODEL_OPTION = re.compile(r"^model\.init_args\.(\w+) is not an option of ")
+
+
+def _check_run(where: str, build: Callable[[], Any], layers: Sequence[tuple[str, Mapping[str, Any]]]) -> Any:
+    """``build()``, or a one-line error naming the run and, for a model option the model does not take, the config
+    keys that set it (:func:`~lightning_fl.bench.grid.model_layers`): a preset's ``optimizer`` under a user's own
+    model comes from the preset, not from the user's ``model``."""
     try:
         return build()
     except Exception as err:
-        message = " ".join(str(err).split()).rstrip(".")
-        raise ValueError(f"bench {where}: {type(err).__name__}: {message}; fix it in the config.") from None
+        text = err.args[0] if isinstance(err, KeyError) and err.args else err  # str(KeyError) adds quotes
+        message = " ".join(str(text).split()).rstrip(".")
+        fix = "fix it in the config"
+        if option := _MODEL_OPTION.match(message):
+            keys = [key for key, layer in layers if option.group(1) in (layer.get("init_args") or {})]
+            fix = f"set by {', '.join(keys)}; give that model its own class_path there to replace it" if keys else fix
+        raise ValueError(f"bench {where}: {type(err).__name__}: {message}; {fix}.") from None
+
+
+def _checked_utility_loop(loop: FederatedLoop) -> FederatedLoop:
+    """``loop`` once its model logs ``loop.eval_metric`` on one test batch (a run checks it only when it starts)."""
+    loop.evaluator.check_metric(loop.global_model, loop.datamodule)
+    return loop
 
 
 def check_grid(settings: Mapping[str, Any]) -> None:
@@ -92,7 +114,9 @@ def check_grid(settings: Mapping[str, Any]) -> None:
         unwritten = Path(tmp) / "never-written"
         for run in utilities({**settings, "seeds": [seed]}):
             _check_run(
-                f"utility run of defences.{run.defence}", lambda run=run: build_loop(run.spec(settings), unwritten)
+                f"utility run of defences.{run.defence}",
+                lambda run=run: _checked_utility_loop(build_loop(run.spec(settings), unwritten)),
+                model_layers(settings, run.defence),
             )
         for defence in settings["defences"]:
             for threat_model, threat in settings["threat_models"].items():
@@ -102,9 +126,11 @@ def check_grid(settings: Mapping[str, Any]) -> None:
                     spec = Cell(defence, a, threat_model, seed).spec(settings)
                     runs.setdefault(spec["run"], {})[a] = spec
                 for specs in runs.values():
+                    first = next(iter(specs))
                     where = f"attack run of defences.{defence} under threat_models.{threat_model}"
-                    where += f" (attacks.{next(iter(specs))})" if len(runs) > 1 else ""
-                    loop, _ = _check_run(where, lambda specs=specs: attack_loop(specs, unwritten))
+                    where += f" (attacks.{first})" if len(runs) > 1 else ""
+                    layers = model_layers(settings, defence, threat_model, first)
+                    loop, _ = _check_run(where, lambda specs=specs: attack_loop(specs, unwritten), layers)
                     _check_rounds(threat_model, threat, next(iter(specs.values()))["attack_rounds"], loop.num_rounds)
 
 

@@ -38,6 +38,8 @@ __all__ = [
     "fixed_batches",
     "load_settings",
     "merge",
+    "merged_model",
+    "model_layers",
     "read_mapping",
     "select",
     "server_threat",
@@ -81,18 +83,27 @@ SELECTABLE = ("defences", "attacks", "threat_models", "seeds")
 
 
 def merge(base: Any, override: Any) -> Any:
-    """Mappings merge key by key; anything else (lists included) is replaced.
+    """Mappings merge key by key; anything else (lists included) is replaced, and so is a mapping whose
+    ``class_path`` the override changes (the old class's ``init_args`` are not the new class's: a user's own model
+    over a preset's ``ImageClassifier`` takes none of its ``backbone``, ``optimizer``...).
 
     Example:
         >>> merge({"loop": {"num_rounds": 25, "local_epochs": 3}}, {"loop": {"num_rounds": 5}})
         {'loop': {'num_rounds': 5, 'local_epochs': 3}}
+        >>> merge({"class_path": "a.A", "init_args": {"backbone": "x"}}, {"class_path": "my.Net"})
+        {'class_path': 'my.Net'}
     """
-    if isinstance(base, Mapping) and isinstance(override, Mapping):
+    if isinstance(base, Mapping) and isinstance(override, Mapping) and _same_class(base, override):
         merged = dict(base)
         for key, value in override.items():
             merged[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
         return merged
     return copy.deepcopy(override)
+
+
+def _same_class(base: Mapping[str, Any], override: Mapping[str, Any]) -> bool:
+    """Whether ``override`` keeps ``base``'s class: it names none, or the same ``class_path``."""
+    return "class_path" not in override or override["class_path"] == base.get("class_path")
 
 
 def select(settings: Mapping[str, Any], axis: str, keep: Sequence[Any]) -> dict[str, Any]:
@@ -334,6 +345,41 @@ def _defence(settings: Mapping[str, Any], defence: str) -> dict[str, Any]:
     return settings["defences"][defence] or {}
 
 
+def model_layers(
+    settings: Mapping[str, Any], defence: str, threat_model: str | None = None, attack: str | None = None
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """The ``model`` settings a run merges (:func:`merge`), in order, each with the config key that gives it: the
+    config's, the defence's; for an attack run (``threat_model`` and ``attack`` given) then ``attack_run``'s
+    (unless the threat model attacks the utility run), the threat model's and the attack's.
+
+    Example:
+        >>> settings = {"model": {"class_path": "my.Net"}, "defences": {"none": {}},
+        ...             "attack_run": {"model": {"init_args": {"lr": 0.1}}}, "threat_models": {"b1": {}},
+        ...             "attacks": {"ig": {}}}
+        >>> [key for key, layer in model_layers(settings, "none", "b1", "ig") if layer]
+        ['model', 'attack_run.model']
+    """
+    layers = [("model", settings["model"]), (f"defences.{defence}.model", _defence(settings, defence).get("model", {}))]
+    if threat_model is None or attack is None:
+        return layers
+    threat = settings["threat_models"][threat_model]
+    run = {} if threat.get("protocol") == "utility" else settings.get("attack_run") or {}
+    return [
+        *layers,
+        ("attack_run.model", run.get("model", {})),
+        (f"threat_models.{threat_model}.model", threat.get("model", {})),
+        (f"attacks.{attack}.model", settings["attacks"][attack].get("model", {})),
+    ]
+
+
+def merged_model(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The model settings of :func:`model_layers`, each merged over the one before."""
+    model: dict[str, Any] = {}
+    for _, layer in layers:
+        model = merge(model, layer)
+    return model
+
+
 FIXED_BATCHES = "shuffled_batches"
 """The ``sampling`` an attack run gives every defence that samples its own batches (DP-SGD's Poisson batches)."""
 
@@ -375,7 +421,7 @@ class Utility:
         return {
             "run": f"utility/{self.key}",
             "data": settings["data"],
-            "model": merge(settings["model"], defence.get("model", {})),
+            "model": merged_model(model_layers(settings, self.defence)),
             "loop": merge(settings["loop"], defence.get("loop", {})),
             "defences": defence.get("defences", []),
             "client_callbacks": defence.get("client_callbacks", []),
@@ -423,13 +469,14 @@ class Cell:
         threat = settings["threat_models"][self.threat_model]
         utility = threat.get("protocol") == "utility"
         run = {} if utility else settings.get("attack_run") or {}
-        parts = {k: merge(settings[k], run.get(k, {})) for k in ("data", "loop")}
-        parts["model"] = merge(merge(settings["model"], defence.get("model", {})), run.get("model", {}))
-        parts["loop"] = merge(parts["loop"], defence.get("loop", {}))
-        parts = {k: merge(v, threat.get(k, {})) for k, v in parts.items()}
+        loop = merge(merge(settings["loop"], run.get("loop", {})), defence.get("loop", {}))
+        parts = {
+            "data": merge(merge(settings["data"], run.get("data", {})), threat.get("data", {})),
+            "loop": merge(loop, threat.get("loop", {})),
+            "model": merged_model(model_layers(settings, self.defence, self.threat_model, self.attack)),
+        }
         default_rounds = utility_rounds(parts["loop"]) if utility else settings.get("attack_rounds", [0])
         attack = settings["attacks"][self.attack]
-        parts["model"] = merge(parts["model"], attack.get("model", {}))
         trained = bool(threat.get("trained", False))
         run = f"{self.defence}__{self.threat_model}__s{self.seed}"
         return {

@@ -1,6 +1,7 @@
 """The bench on a user's own LightningDataModule, given in YAML as ``fit`` takes it, through the command and
 ``run_bench``: the same selection (``--defences``/``--attacks`` on the command line, ``only:`` in Python) gives the
-same table."""
+same table. And a user's own LightningModule over a preset (``base:``): none of the preset model's options, and a
+preset option it does not take named where the preset sets it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 import yaml
 
-from lightning_fl.bench import run_bench
+from lightning_fl.bench import load_settings, run_bench
+from lightning_fl.bench.command import check_grid
+from lightning_fl.bench.grid import Cell
 from lightning_fl.cli import main
 from tests.bench.test_bench import MINI
 
@@ -125,3 +128,29 @@ def test_a_user_datamodule_without_a_test_split_names_the_guess_that_needs_one()
     spec["attack"] = {"class_path": "lightning_fl.attacks.PriorBaseline", "init_args": {"guess": "mean"}}
     with pytest.raises(ValueError, match=r"^attacks.prior_mean takes public_data, the test split of data.dataset "):
         build_attack(spec, "prior_mean", 0)
+
+
+def test_a_users_model_over_a_preset_takes_none_of_its_options_and_a_preset_key_it_lacks_is_named(
+    tmp_path, capsys
+) -> None:
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump({**MINI, "output_dir": str(tmp_path / "unused")}))
+    mine = tmp_path / "mine.yaml"
+    model = {"class_path": "tests.user_project.DigitsNet"}
+    written = {"base": "preset.yaml", "model": model, "data": {"image_size": 8}, "output_dir": str(tmp_path / "out")}
+    mine.write_text(yaml.safe_dump(written))
+    assert load_settings(mine)["model"] == model  # not the preset's backbone/optimizer/lr
+    assert main(["bench", "-c", str(mine)]) == 2  # the preset's attack run sets optimizer: sgd
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "model.init_args.optimizer is not an option of tests.user_project.DigitsNet" in line
+    assert line.endswith("set by attack_run.model; give that model its own class_path there to replace it.")
+
+    attack_model = {**model, "init_args": {"lr": 0.1}}  # the fix the line names
+    mine.write_text(yaml.safe_dump({**written, "attack_run": {"model": attack_model}}))
+    settings = load_settings(mine)
+    assert Cell("none", "ig", "fedsgd_b1", 0).spec(settings)["model"] == attack_model
+    check_grid(settings)  # every run builds
+
+    mine.write_text(yaml.safe_dump({**written, "attack_run": {"model": attack_model}, "loop": {"eval_metric": "acc"}}))
+    assert main(["bench", "-c", str(mine)]) == 2  # found on one test batch, before the first run trains
+    assert "loop.eval_metric='acc' was not logged by DigitsNet.test_step" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
