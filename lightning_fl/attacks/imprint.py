@@ -207,8 +207,9 @@ class MaliciousImprint(ServerPlugin):
         feature_std: :math:`\sigma` of :math:`h(x)`; ``None``: measured with ``feature_mean``.
         output_scale: :math:`s`, the block's effect on the model's input (see :class:`ImprintBlock`).
         gain: :math:`g`; the gradients the block leaks grow as :math:`1/g` (see :class:`ImprintBlock`).
-        input_shape: shape of one model input ``(C, H, W)``; ``None`` reads ``model.hparams`` (``in_channels``,
-            ``image_size``), as the toolkit's image models have them.
+        input_shape: shape of one model input ``(C, H, W)``; ``None``: the shape of the run's images
+            (:meth:`use_data`), else ``model.hparams`` (``in_channels``, ``image_size``), as the toolkit's image
+            models have them.
         seed: seed of the ``random`` direction.
 
     Raises:
@@ -241,11 +242,14 @@ class MaliciousImprint(ServerPlugin):
         self.num_bins, self.feature, self.feature_mean, self.feature_std = num_bins, feature, feature_mean, feature_std
         self.output_scale, self.gain, self.seed = output_scale, gain, seed
         self.input_shape = tuple(input_shape) if input_shape is not None else None
+        self._data_shape: tuple[int, ...] | None = None
         self.block: ImprintBlock | None = None
 
     def _input_shape(self, model: nn.Module) -> tuple[int, ...]:
         if self.input_shape is not None:
             return self.input_shape
+        if self._data_shape is not None:
+            return self._data_shape
         hparams = getattr(model, "hparams", {})
         if "in_channels" in hparams and "image_size" in hparams:
             return (int(hparams["in_channels"]), int(hparams["image_size"]), int(hparams["image_size"]))
@@ -255,13 +259,17 @@ class MaliciousImprint(ServerPlugin):
         )
 
     def use_data(self, data: Any) -> None:
-        """Measure ``feature_mean``/``feature_std`` of :math:`h(x)` on ``data``'s test split (its training data
-        when the test split is empty) if they were not given; given ones are kept."""
+        """Read the shape of ``data``'s images (the block's input shape unless ``input_shape`` is given) and
+        measure ``feature_mean``/``feature_std`` of :math:`h(x)` on its test split (its training data when the test
+        split is empty) if they were not given; given ones are kept."""
+        batches = _held_out_batches(data)
+        first = next(batches, None)
+        if first is None:
+            raise ValueError("MaliciousImprint: the data has no images to read their shape and statistics from.")
+        self._data_shape = tuple(first[0].shape[1:])
         if self.feature_mean is not None:
             return
-        images = [x for x, _ in _held_out_batches(data)]
-        if not images:
-            raise ValueError("MaliciousImprint: the data has no images to measure feature_mean/feature_std on.")
+        images = [first[0], *(x for x, _ in batches)]
         flat = torch.cat(images).flatten(1).float()
         values = flat @ _direction(self.feature, flat.shape[1], self.seed)
         self.feature_mean, self.feature_std = float(values.mean()), float(values.std().clamp_min(1e-6))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -75,6 +76,31 @@ def test_imprint_block_keeps_the_models_function(digits: FederatedDataModule) ->
     before = model(images).argmax(1)
     after = apply_server_plugins(model, [_imprint(digits, num_bins=256)])
     assert (after(images).argmax(1) == before).float().mean() >= 0.9
+
+
+class _FlatLinear(torch.nn.Module):
+    """A user's model with nothing that names its input shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1))
+
+
+def test_the_imprint_takes_its_input_shape_from_the_runs_data_on_a_model_without_image_hparams(
+    digits: FederatedDataModule,
+) -> None:
+    users_model = _FlatLinear()  # no in_channels/image_size hparams
+    imprint = _imprint(digits, num_bins=64)
+    with pytest.raises(ValueError, match="cannot read the input shape of _FlatLinear"):
+        imprint.apply_to_model(copy.deepcopy(users_model))
+    imprint.use_data(digits)  # what the loop and the commands call first; the given statistics are kept
+    assert imprint.feature_mean == _imprint(digits, num_bins=64).feature_mean
+    images, _ = _held_out(digits, 8)
+    assert imprint.apply_to_model(users_model)(images).shape == (8, 10)
+    assert imprint.block is not None and imprint.block.input_shape == (1, 16, 16)
 
 
 @pytest.mark.parametrize(("batch", "at_least"), [(8, 8), (32, 24)])
