@@ -227,3 +227,15 @@ def test_bench_photos_rows_build_the_four_defences() -> None:
         module, _, name = entry["class_path"].rpartition(".")
         built[row] = getattr(__import__(module, fromlist=[name]), name)(**entry.get("init_args", {}))
     assert [type(d) for d in built.values()] == [Soteria, PRECODE, MixUp, InstaHide]
+
+
+@pytest.mark.parametrize("mixing", [MixUp, InstaHide])
+def test_mixing_takes_the_classes_from_the_data_or_the_models_hyperparameters_and_refuses_when_built(mixing) -> None:
+    from tests.user_project import PhotoNet  # a user's model: num_classes is a hyperparameter, not an attribute
+
+    defence = mixing(k=2)
+    assert defence.classes(apply_defences(PhotoNet(), [defence])) == 9
+    defence = mixing(k=2)
+    assert defence.classes(apply_defences(nn.Linear(4, 3), [defence], data=SimpleNamespace(num_classes=10))) == 10
+    with pytest.raises(ValueError, match=r"num_classes=None\): neither the run's data nor Linear"):
+        apply_defences(nn.Linear(4, 3), [mixing(k=2)])  # before any training, not in a client's step

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import default_collate
 from typing_extensions import override
 
@@ -65,12 +65,13 @@ class MixingDefence(Defence, L.Callback, metaclass=abc.ABCMeta):
 
     Args:
         k: examples per mixture (the example itself and ``k - 1`` partners); ``k = 1`` leaves the batch as it is.
-        num_classes: C; ``None`` reads ``pl_module.num_classes``.
+        num_classes: C; ``None`` reads the run's data's (:meth:`use_data`), else the model's ``num_classes``
+            attribute or hyperparameter.
         seed: seeds the draws (partners, coefficients, signs); one generator runs over all fits of the run.
 
     Raises:
-        ValueError: if ``k < 1``; at run time, if the batch is not a list ``[inputs, labels, ...]`` or the number
-            of classes is unknown.
+        ValueError: if ``k < 1``; when the run is built, if the number of classes is unknown; at run time, if the
+            batch is not a list ``[inputs, labels, ...]``.
     """
 
     def __init__(self, *, k: int, num_classes: int | None = None, seed: int = 0) -> None:
@@ -82,10 +83,37 @@ class MixingDefence(Defence, L.Callback, metaclass=abc.ABCMeta):
         self.k, self.num_classes, self.seed = k, num_classes, seed
         self._generator = torch.Generator().manual_seed(seed)
         self._original: tuple[list[Any], Tensor, Tensor] | None = None
+        self._data_classes: int | None = None
 
     @override
     def parts(self) -> DefenceParts:
         return DefenceParts(client_callbacks=[self])
+
+    @override
+    def use_data(self, data: Any) -> None:
+        classes = getattr(data, "num_classes", None)
+        self._data_classes = int(classes) if classes is not None else None
+
+    @override
+    def check_model(self, model: nn.Module) -> None:
+        if self.k > 1:
+            self.classes(model)
+
+    def classes(self, model: nn.Module) -> int:
+        """C, the width of the soft labels: ``num_classes`` as given, else the data's, else the model's.
+
+        Raises:
+            ValueError: if none of them gives it.
+        """
+        hparams = getattr(model, "hparams", None) or {}
+        found = self.num_classes or self._data_classes or getattr(model, "num_classes", None)
+        found = found or hparams.get("num_classes")
+        if found is None:
+            raise ValueError(
+                f"{type(self).__name__}(num_classes=None): neither the run's data nor {type(model).__name__} "
+                "(a num_classes attribute or hyperparameter) says how many classes the soft labels have; set it."
+            )
+        return int(found)
 
     @abc.abstractmethod
     def coefficients(self, rows: int, generator: torch.Generator) -> Tensor:
@@ -120,9 +148,7 @@ class MixingDefence(Defence, L.Callback, metaclass=abc.ABCMeta):
                 f"{type(batch).__name__}. Use a DataLoader with the default collate (a TensorDataset gives lists)."
             )
         inputs, labels = batch[0], batch[1]
-        num_classes = self.num_classes or getattr(pl_module, "num_classes", None)
-        if num_classes is None:
-            raise ValueError(f"{type(self).__name__}(num_classes=None) and the model has no num_classes; set it.")
+        num_classes = self.classes(pl_module)
         rows = len(labels)
         other_x, other_y = self.partners(trainer, rows * (self.k - 1), self._generator)
         slots_x = torch.cat([inputs.unsqueeze(1), other_x.to(inputs).view(rows, self.k - 1, *inputs.shape[1:])], 1)
