@@ -268,7 +268,7 @@ reproduce-performance:
 test: $(VENV)/.installed
 	$(BIN)/ruff check lightning_fl tests benchmarks
 	$(BIN)/ruff format --check lightning_fl tests benchmarks
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not slow" tests
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not slow" --durations=20 tests
 	OMP_NUM_THREADS=1 $(BIN)/pytest -p no:cacheprovider --doctest-modules lightning_fl -q
 
 format: $(VENV)/.installed
