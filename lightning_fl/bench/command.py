@@ -8,6 +8,7 @@ and one line naming the run and the key.
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 import warnings
@@ -89,9 +90,13 @@ def _check_run(where: str, build: Callable[[], Any], layers: Sequence[tuple[str,
         raise ValueError(f"bench {where}: {type(err).__name__}: {message}; {fix}.") from None
 
 
-def _checked_utility_loop(loop: FederatedLoop) -> FederatedLoop:
-    """``loop`` once its model logs ``loop.eval_metric`` on one test batch (a run checks it only when it starts)."""
-    loop.evaluator.check_metric(loop.global_model, loop.datamodule)
+def _checked_utility_loop(loop: FederatedLoop, checked: set[str], spec: Mapping[str, Any]) -> FederatedLoop:
+    """``loop`` once its model logs ``loop.eval_metric`` on one test batch (a run checks it only when it starts);
+    once per model and metric, whose keys ``checked`` holds (the defences' layers do not change ``test_step``)."""
+    key = json.dumps([spec["model"], spec["loop"].get("eval_metric")], sort_keys=True, default=str)
+    if key not in checked:
+        loop.evaluator.check_metric(loop.global_model, loop.datamodule)
+        checked.add(key)
     return loop
 
 
@@ -112,10 +117,12 @@ def check_grid(settings: Mapping[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the runs' own warnings go to their warnings.txt when they run
         unwritten = Path(tmp) / "never-written"
+        metrics_checked: set[str] = set()
         for run in utilities({**settings, "seeds": [seed]}):
+            spec = run.spec(settings)
             _check_run(
                 f"utility run of defences.{run.defence}",
-                lambda run=run: _checked_utility_loop(build_loop(run.spec(settings), unwritten)),
+                lambda spec=spec: _checked_utility_loop(build_loop(spec, unwritten), metrics_checked, spec),
                 model_layers(settings, run.defence),
             )
         for defence in settings["defences"]:
