@@ -8,7 +8,6 @@ and one line naming the run and the key.
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import warnings
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ActionYesNo, ArgumentParser, Namespace
 
-from lightning_fl.bench.grid import SELECTABLE, applies, load_settings, model_layers, select, utilities
+from lightning_fl.bench.grid import SELECTABLE, applies, fingerprint, load_settings, model_layers, select, utilities
 
 if TYPE_CHECKING:
     from lightning_fl.federation.loop import FederatedLoop
@@ -93,7 +92,7 @@ def _check_run(where: str, build: Callable[[], Any], layers: Sequence[tuple[str,
 def _checked_utility_loop(loop: FederatedLoop, checked: set[str], spec: Mapping[str, Any]) -> FederatedLoop:
     """``loop`` once its model logs ``loop.eval_metric`` on one test batch (a run checks it only when it starts);
     once per model and metric, whose keys ``checked`` holds (the defences' layers do not change ``test_step``)."""
-    key = json.dumps([spec["model"], spec["loop"].get("eval_metric")], sort_keys=True, default=str)
+    key = fingerprint({"model": spec["model"], "eval_metric": spec["loop"].get("eval_metric")})
     if key not in checked:
         loop.evaluator.check_metric(loop.global_model, loop.datamodule)
         checked.add(key)
