@@ -195,7 +195,8 @@ class MaliciousImprint(ServerPlugin):
 
     ``apply_to_model`` registers the block as ``model.imprint`` and a forward pre-hook that passes the model's
     first argument through it, so the model's own ``forward`` and ``training_step`` stay as they are (they must
-    call the model, ``self(x)``, as Lightning modules do).
+    call the model, ``self(x)``, as Lightning modules do). In an ``nn.Sequential``, whose forward runs every child,
+    the block becomes the first child instead (``model[0]``).
 
     Args:
         num_bins: :math:`k`; choose it well above the number of inputs behind one update (the paper uses
@@ -292,8 +293,11 @@ class MaliciousImprint(ServerPlugin):
             gain=self.gain,
             seed=self.seed,
         )
-        model.add_module(IMPRINT_NAME, self.block)
-        model.register_forward_pre_hook(_imprint_inputs)
+        if isinstance(model, nn.Sequential):  # its forward runs every child in order: the block goes first
+            model._modules = {IMPRINT_NAME: self.block, **model._modules}
+        else:
+            model.add_module(IMPRINT_NAME, self.block)
+            model.register_forward_pre_hook(_imprint_inputs)
         return model
 
     def broadcast_transforms(self) -> list[BroadcastTransform]:

@@ -103,6 +103,21 @@ def test_the_imprint_takes_its_input_shape_from_the_runs_data_on_a_model_without
     assert imprint.block is not None and imprint.block.input_shape == (1, 16, 16)
 
 
+def test_the_imprint_runs_once_in_a_users_bare_sequential(digits: FederatedDataModule) -> None:
+    """nn.Sequential's forward runs every child: the block is its first child, not a hook plus a last child."""
+    users_model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(256, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
+    imprint = _imprint(digits, num_bins=512)
+    imprint.use_data(digits)
+    imprinted = imprint.apply_to_model(users_model)
+    assert imprinted[0] is imprint.block
+    images, labels = _held_out(digits, 8)
+    assert imprinted(images).shape == (8, 10)
+    view = client_view(imprinted, images, labels, num_classes=10)
+    assert _recovered(RobbingTheFedAttack().reconstruct(view).images, images) >= 6
+
+
 @pytest.mark.parametrize(("batch", "at_least"), [(8, 8), (32, 24)])
 def test_attack_copies_most_of_a_held_out_batch_out_of_one_gradient(
     digits: FederatedDataModule, batch: int, at_least: int
