@@ -204,18 +204,18 @@ def test_soteria_names_the_layers_it_could_defend() -> None:
 
 
 def test_soteria_and_precode_take_the_models_own_head_not_a_block_a_malicious_server_planted() -> None:
-    """Robbing the Fed's imprint is registered after the model's layers: "the last nn.Linear" must still be the
+    """Robbing the Fed's imprint adds an nn.Linear (its bins) to the model: "the last nn.Linear" must still be the
     classifier (PRECODE had wrapped the imprint's bins, so the server's read-out found no bins in the update)."""
     from lightning_fl.attacks import MaliciousImprint
     from lightning_fl.transforms import apply_server_plugins
 
     imprint = MaliciousImprint(num_bins=4, feature="random", feature_mean=0.0, feature_std=1.0, input_shape=[1, 2, 3])
     net = apply_server_plugins(_tiny_net(), [imprint])
-    assert list(dict(net.named_modules()))[-2:] == ["imprint", "imprint.bins"]
+    assert list(dict(net.named_modules()))[1:3] == ["imprint", "imprint.bins"]  # a Sequential's first child
     client = copy.deepcopy(net)  # the clients train copies of the shipped model
-    assert Soteria().defended_layer(client) is client[3]
+    assert Soteria().defended_layer(client) is client.get_submodule("3")
     apply_defences(client, [PRECODE(bottleneck_size=3)])
-    assert isinstance(client[3][0], VariationalBottleneck)
+    assert isinstance(client.get_submodule("3")[0], VariationalBottleneck)
     assert {"imprint.bins.weight", "imprint.bins.bias"} <= set(client.state_dict())
 
 
