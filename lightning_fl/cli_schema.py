@@ -5,15 +5,14 @@ jsonargparse builds a subcommand's parser from the classes it configures (``Fede
 ``--help`` or a misspelt key needs of that parser does not change until the code or the libraries do: the first
 command that builds the parser stores each subcommand's help text (80 columns wide, as piped output is), its keys,
 and the keys under which any sub-key is accepted (a class's ``init_args``, a dict), in one JSON file under
-``$LIGHTNING_FL_CACHE_DIR`` (default ``~/.cache/lightning-fl``), with a fingerprint of the package's sources and of
-the Python, jsonargparse, Lightning and torch versions. Later commands answer a bare ``SUBCOMMAND --help`` and
-reject an unknown key (on the command line or in a ``-c`` config) from that file when its fingerprint is current;
-anything else, and any doubt, goes to the parser.
+``$LIGHTNING_FL_CACHE_DIR`` (default ``~/.cache/lightning-fl``), with the fingerprint of the package's sources and of
+the Python and library versions (:func:`~lightning_fl.code_fingerprint.code_fingerprint`). Later commands answer a
+bare ``SUBCOMMAND --help`` and reject an unknown key (on the command line or in a ``-c`` config) from that file when
+its fingerprint is current; anything else, and any doubt, goes to the parser.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -22,13 +21,12 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from lightning_fl.cli_errors import with_suggestion
 from lightning_fl.cli_signals import EXIT_BAD_CONFIG, EXIT_OK
+from lightning_fl.code_fingerprint import code_fingerprint
 
 __all__ = [
     "CACHE_ENV",
@@ -36,7 +34,6 @@ __all__ = [
     "answer_from_cache",
     "cached_schema",
     "config_files",
-    "fingerprint",
     "parser_schema",
     "store_schema",
     "unknown_key",
@@ -47,8 +44,6 @@ CACHE_ENV = "LIGHTNING_FL_CACHE_DIR"
 HELP_COLUMNS = 80
 """Width of the cached help texts: what the parser prints when its output is not a terminal."""
 _FILE = "cli-schema.json"
-_PACKAGE = Path(__file__).resolve().parent
-_LIBRARIES = ("jsonargparse", "lightning", "torch")
 _SCALARS = (int, float, str, bool, type(None), Path)
 _INDEXED = re.compile(r"^(?P<key>.+?)\.\d+(?:\..*)?$")  # --defences.0.init_args.x (lightning_fl.cli_lists)
 _HELP_FLAGS = ("-h", "--help")
@@ -57,21 +52,6 @@ _HELP_FLAGS = ("-h", "--help")
 def _cache_file() -> Path | None:
     directory = os.environ.get(CACHE_ENV, str(Path.home() / ".cache" / "lightning-fl"))
     return Path(directory) / _FILE if directory else None
-
-
-@cache
-def fingerprint() -> str:
-    """A digest of the package's sources and the versions of Python and the libraries the parsers are built from."""
-    digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
-    for name in _LIBRARIES:
-        try:
-            digest.update(f"{name}={metadata.version(name)}".encode())
-        except metadata.PackageNotFoundError:
-            digest.update(f"{name}=none".encode())
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        digest.update(str(path.relative_to(_PACKAGE)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def _open(typehint: Any) -> bool:
@@ -118,7 +98,7 @@ def store_schema(subcommands: Mapping[str, Any]) -> None:
     path = _cache_file()
     if path is None or cached_schema() is not None:
         return
-    schema = {"fingerprint": fingerprint(), "subcommands": {k: parser_schema(p) for k, p in subcommands.items()}}
+    schema = {"fingerprint": code_fingerprint(), "subcommands": {k: parser_schema(p) for k, p in subcommands.items()}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}")
@@ -135,7 +115,7 @@ def cached_schema() -> dict[str, Any] | None:
         schema = json.loads(path.read_text()) if path is not None else None
     except (OSError, ValueError):
         return None
-    if not isinstance(schema, dict) or schema.get("fingerprint") != fingerprint():
+    if not isinstance(schema, dict) or schema.get("fingerprint") != code_fingerprint():
         return None
     return schema
 

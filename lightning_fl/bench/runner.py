@@ -23,7 +23,16 @@ from typing import Any
 
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
-from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
+from lightning_fl.bench.grid import (
+    Cell,
+    Utility,
+    apply_only,
+    cells,
+    expand_strengths,
+    fingerprint,
+    utilities,
+)
+from lightning_fl.code_fingerprint import code_fingerprint
 from lightning_fl.federation.run_lock import RunLock
 
 __all__ = ["available_cores", "check_report_only", "run_bench", "threads_per_job"]
@@ -80,22 +89,28 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _done(path: Path, digest: str) -> dict[str, Any] | None:
+def _done(path: Path, digest: str, code: str | None) -> dict[str, Any] | None:
+    """The result stored at ``path`` if it was made with the settings of ``digest`` and, unless ``code`` is None, by
+    the code of that :func:`~lightning_fl.code_fingerprint.code_fingerprint`."""
     if not path.exists():
         return None
     stored = json.loads(path.read_text())
-    return stored if stored.get("fingerprint") == digest else None
+    if stored.get("fingerprint") != digest or code not in (None, stored.get("code")):
+        return None
+    return stored
 
 
-def _stored(runs: list[Any], settings: Mapping[str, Any], folder: Path) -> tuple[dict[str, Any], list[Any]]:
-    """The results of ``runs`` finished with their current settings (by key), and the others with their spec and
-    fingerprint."""
+def _stored(
+    runs: list[Any], settings: Mapping[str, Any], folder: Path, code: str | None
+) -> tuple[dict[str, Any], list[Any]]:
+    """The results of ``runs`` finished with their current settings and ``code`` (any code when None), by key, and
+    the others with their spec and fingerprint."""
     done: dict[str, Any] = {}
     todo: list[Any] = []
     for run in runs:
         spec = run.spec(settings)
         digest = fingerprint(spec)
-        stored = _done(folder / f"{run.key}.json", digest)
+        stored = _done(folder / f"{run.key}.json", digest, code)
         if stored is not None:
             done[run.key] = stored
         else:
@@ -105,13 +120,13 @@ def _stored(runs: list[Any], settings: Mapping[str, Any], folder: Path) -> tuple
 
 def check_report_only(settings: Mapping[str, Any], output_dir: str | Path) -> None:
     """Check that a ``--report_only`` bench has something to report: a cell of this grid (its selection and
-    settings) finished in ``output_dir``. Reads only, so it runs before the run lock writes anything.
+    settings, by any code) finished in ``output_dir``. Reads only, so it runs before the run lock writes anything.
 
     Raises:
         ValueError: when none has, naming the directory and the fix.
     """
     settings = expand_strengths(apply_only(settings))
-    done, _ = _stored(cells(settings), settings, Path(output_dir) / "cells")
+    done, _ = _stored(cells(settings), settings, Path(output_dir) / "cells", code=None)
     if not done:  # a report of nothing (it crashed drawing zero panels)
         raise ValueError(
             f"--report_only: no cell of this grid has finished in {str(output_dir)!r}; run the bench without "
@@ -173,13 +188,14 @@ def run_bench(
     run, so a broken run fails its rows (``status``) instead of raising.
 
     Each finished run is stored in ``output_dir/utility/<run>.json`` or ``output_dir/cells/<cell>.json`` (written
-    atomically, with a fingerprint of its settings); one whose file exists with the same fingerprint is not re-run,
-    so an interrupted bench continues where it stopped when the same command runs again. ``jobs > 1`` runs the
-    utility and attack runs in that many worker processes.
+    atomically, with a fingerprint of its settings and that of the code that made it); one whose file exists
+    with the same fingerprint and code is not re-run, so an interrupted bench continues where it stopped when the
+    same command runs again, and a changed attack or defence is measured anew. ``jobs > 1`` runs the utility and
+    attack runs in that many worker processes.
 
-    With ``report_only`` nothing runs: the report is written from the runs finished so far (a stopped bench's
-    partial table), and the number of cells it lacks is printed. ``title`` heads the plots and the table (preset
-    and budget); the seeds are added to it.
+    With ``report_only`` nothing runs: the report is written from the runs finished so far, whichever code made them
+    (a stopped bench's partial table, redrawn), and the number of cells it lacks or that other code made is printed.
+    ``title`` heads the plots and the table (preset and budget); the seeds are added to it.
 
     Returns:
         the summary rows (one per defence × attack × threat model); a row's ``status`` starts with ``failed`` when
@@ -231,9 +247,10 @@ def _run_grid(
 ) -> list[dict[str, Any]]:
     """:func:`run_bench`'s work, with the output directory's run lock held."""
     settings = expand_strengths(apply_only(settings))
-    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility")
+    code = None if report_only else code_fingerprint()  # a report draws what is stored, whichever code made it
+    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility", code)
     grid: list[Cell] = cells(settings)
-    results, todo_cells = _stored(grid, settings, output_dir / "cells")
+    results, todo_cells = _stored(grid, settings, output_dir / "cells", code)
     groups: dict[str, list[tuple[Cell, dict[str, Any], str]]] = {}  # attack run -> its cells
     for cell, spec, digest in todo_cells:
         groups.setdefault(spec["run"], []).append((cell, spec, digest))
@@ -244,12 +261,16 @@ def _run_grid(
     )
     started = time.perf_counter()
     if report_only:
-        print_(f"bench: --report_only: the report holds the {len(grid) - todo} finished cells, {todo} are missing")
+        other = sum(result.get("code") != code_fingerprint() for result in results.values())
+        print_(
+            f"bench: --report_only: the report holds the {len(grid) - todo} finished cells ({other} made by other "
+            f"lightning-fl code than this one's, which a run without --report_only re-runs), {todo} are missing"
+        )
         command += f" (then --report_only with {len(grid) - todo} of {len(grid)} cells finished)" if todo else ""
         todo_utility, groups = [], {}
 
     def finish_utility(run: Utility, digest: str, result: dict[str, Any]) -> None:
-        entry = {**vars(run), **result, "fingerprint": digest}
+        entry = {**vars(run), **result, "fingerprint": digest, "code": code_fingerprint()}
         if result["status"] == "ok":
             write_atomically(output_dir / "utility" / f"{run.key}.json", entry)
         utility[run.key] = entry
@@ -261,7 +282,7 @@ def _run_grid(
         for cell, spec, digest in group:
             result = outcome[cell.attack]
             entry = {**vars(cell), "leak_point": spec["leak_point"], "server": spec["server"], **result}
-            entry["fingerprint"] = digest
+            entry |= {"fingerprint": digest, "code": code_fingerprint()}
             if result["status"].startswith("ok"):
                 write_atomically(output_dir / "cells" / f"{cell.key}.json", entry)
             results[cell.key] = entry

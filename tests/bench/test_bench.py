@@ -16,6 +16,7 @@ from lightning_fl.bench.cell import _scores, run_utility
 from lightning_fl.bench.grid import FIXED_BATCHES, family
 from lightning_fl.callbacks import GradientLeakage
 from lightning_fl.cli import main
+from lightning_fl.code_fingerprint import code_fingerprint
 from lightning_fl.datamodules.datasets import load_dataset
 from lightning_fl.messages import ServerView
 
@@ -69,6 +70,15 @@ def test_mini_grid_reports_utility_per_defence_and_a_threat_model_column_and_res
     lines.clear()
     run_bench(MINI, tmp_path, print_=lines.append)  # resumed: nothing re-runs
     assert "0 of 2 utility run(s) and 0 of 4 attack cells" in lines[0]
+    stale = tmp_path / "cells" / "none__ig__fedsgd_b1__s0.json"  # made before its attack's code changed
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "code": "an earlier attack"}))
+    lines.clear()
+    run_bench(MINI, tmp_path, print_=lines.append, report_only=True)  # drawn as stored, and said
+    assert "the 4 finished cells (1 made by other lightning-fl code" in lines[1] and "0 are missing" in lines[1]
+    lines.clear()
+    run_bench(MINI, tmp_path, print_=lines.append)  # measured anew by this code
+    assert "0 of 2 utility run(s) and 1 of 4 attack cells" in lines[0]
+    assert json.loads(stale.read_text())["code"] == code_fingerprint()
     longer = {**MINI, "loop": {**MINI["loop"], "num_rounds": 3}}  # a new utility setting re-runs the trained cells
     lines.clear()
     partial = run_bench(longer, tmp_path, print_=lines.append, report_only=True)
