@@ -308,8 +308,8 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
     (:func:`~lightning_fl.private.private_modules`) draw for each client in ``reset_private`` (FedKL's key, FDL-PP's
     passports), the only private values that differ from the server's copy before a client trains; with
     ``private="all"`` every private parameter and buffer (lock layers, passport kernels and autoencoders after local
-    training, the split's private layers). Each is one
-    estimate shared by all restarts, optimised in units of ``private_step`` times its mean magnitude
+    training, the split's private layers). Each restart optimises its own estimate of them (a restart is one
+    joint hypothesis of images and secrets), in units of ``private_step`` times its mean magnitude
     (:class:`ScaledShift`). Through the split the server matches only the public layers' gradient, which fixes the
     features at the cut; an image follows from them only through the unknown private layers. Inferred: unknowns are
     not regularised (the secrets' distributions are broad: U[0, 1) keys, U(-1, 1) passports).
@@ -371,7 +371,7 @@ class PrivateUnknownsAttack(InvertingGradientsAttack):
             scale = self.private_step * max(float(tensor.detach().abs().mean()), 1e-3)
             parametrize.register_parametrization(owner, attribute, ScaledShift(tensor, scale=scale), unsafe=True)
             prefix = f"{owner_name}." if owner_name else ""
-            unknown[f"{prefix}parametrizations.{attribute}.original"] = torch.zeros_like(tensor).requires_grad_()
+            unknown[f"{prefix}parametrizations.{attribute}.original"] = torch.zeros_like(tensor)
         return unknown
 
     def _private_tensors(self, module: nn.Module) -> list[tuple[str, Tensor]]:

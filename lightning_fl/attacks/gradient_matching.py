@@ -296,7 +296,7 @@ class GradientMatchingAttack(GradientAttack):
         if model.training:  # batch statistics without running-stat writes (vmap-safe); eval mode uses the running ones
             replace_all_batch_norm_modules_(model)
         unknown = self.unknowns(model)
-        if unknown and self.optimizer != "adam":  # L-BFGS keeps one state per restart; unknowns are shared
+        if unknown and self.optimizer != "adam":  # Adam is element-wise, so each restart's unknowns step alone
             raise ValueError(f"{type(self).__name__}(optimizer={self.optimizer!r}) with unknowns needs 'adam'.")
         names = set(target.names)
         params = {n: p.detach() for n, p in model.named_parameters() if n in names}
@@ -340,7 +340,8 @@ class GradientMatchingAttack(GradientAttack):
             label_input = label_input.to(device, dtype)
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
-        variables += list(unknown.values())
+        shifts = {n: u.detach().expand(self.restarts, *u.shape).clone().requires_grad_() for n, u in unknown.items()}
+        variables += list(shifts.values())
         distance = self.gradient_distance()
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")
         regularisers = [TotalVariation(settings.tv_weight)] if settings.tv_weight > 0 else []
@@ -355,11 +356,11 @@ class GradientMatchingAttack(GradientAttack):
             prior = batch_norm_prior(view.model, statistics, correction=correction)
             regularisers.append(lambda x: self.bn_weight * prior(x))
 
-        def objective(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        def objective(x: Tensor, y: Tensor, guess: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
             candidate, step_inputs = simulated_pseudo_gradient(
                 model,
                 params,
-                frozen | unknown,
+                frozen | guess,
                 x,
                 to_probabilities(y),
                 local_steps=target.local_steps,
@@ -380,7 +381,8 @@ class GradientMatchingAttack(GradientAttack):
             return gap + penalty + sum(r(x) for r in regularisers), gap
 
         gap_scale = float(distance(candidate=[t.new_zeros(()) for t in target.tensors], target=target.tensors))
-        batched, single = over_restarts(objective, restarts=self.restarts), over_restarts(objective, restarts=1)
+        batched = over_restarts(objective, restarts=self.restarts, unknowns=shifts)
+        single = over_restarts(objective, restarts=1, unknowns=shifts)  # after keep_best_after: L-BFGS, no unknowns
         return MatchingProblem(
             batched,
             images,
@@ -403,9 +405,9 @@ class GradientMatchingAttack(GradientAttack):
         return matching_target(view, layers=self.layers)
 
     def unknowns(self, model: torch.nn.Module) -> dict[str, Tensor]:
-        """Leaf tensors optimised jointly with the images, keyed by their state-dict name in ``model`` (the attack's
-        own copy, which the hook may reparametrise), each shared by all restarts: an adaptive attack's guess of a
-        client's private tensors; none here."""
+        """The starting values of tensors optimised jointly with the images, keyed by their state-dict name in
+        ``model`` (the attack's own copy, which the hook may reparametrise): an adaptive attack's guess of a client's
+        private tensors, of which each restart optimises its own copy; none here."""
         return {}
 
     def iterate(self, view: ServerView, *, problem: MatchingProblem | None = None) -> Iterator[MatchingState]:

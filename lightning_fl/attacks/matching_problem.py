@@ -14,13 +14,21 @@ Objective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 """``(images, label_input) -> (objective, gradient distance)``."""
 
 
-def over_restarts(objective: Objective, *, restarts: int) -> Objective:
-    """``objective`` mapped over the leading restart dimension: ``vmap`` for several, a plain call for one."""
+def over_restarts(
+    objective: Callable[[Tensor, Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]],
+    *,
+    restarts: int,
+    unknowns: dict[str, Tensor],
+) -> Objective:
+    """``objective(images, label_input, unknowns)`` mapped over the leading restart dimension of all three, as an
+    :data:`Objective` of the images and labels: ``unknowns`` holds each restart's own estimate ``(R, ...)`` of the
+    tensors an adaptive attack optimises with the images. ``vmap`` for several restarts, a plain call for one."""
     if restarts > 1:
-        return vmap(objective)
+        mapped = vmap(objective)
+        return lambda x, y: mapped(x, y, unknowns)
 
     def single(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        total, gap = objective(x[0], y[0])
+        total, gap = objective(x[0], y[0], {name: u[0] for name, u in unknowns.items()})
         return total[None], gap[None]
 
     return single

@@ -165,6 +165,23 @@ def test_private_unknowns_leave_the_views_model_unchanged() -> None:
     assert sorted(after) == sorted(before) and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_each_restart_fits_its_own_secrets() -> None:
+    """A restart is one joint hypothesis of image and secrets: restart 0 of two follows the path of the same attack
+    with one restart (they start from the same image). Secrets shared by the restarts took the other restart's pull
+    too, and restart 0 left that path."""
+    view, _ = _private_view(Passports(num_convs=1, passport_size=16))
+
+    def run(restarts: int) -> list[torch.Tensor]:
+        attack = PrivateUnknownsAttack(max_iterations=30, restarts=restarts, progress_bar=False)
+        return [state.images[0] for state in attack.iterate(view)]
+
+    alone, among_two = run(1), run(2)
+    assert torch.allclose(alone[-1], among_two[-1], atol=1e-4)
+    problem = PrivateUnknownsAttack(max_iterations=2, restarts=3, progress_bar=False).problem(view)
+    secrets = problem.variables[1:]  # the images, then the passports: no labels with a known label
+    assert secrets and all(len(s) == 3 for s in secrets)
+
+
 def test_private_unknowns_take_the_batch_norm_prior_through_the_unknown_keys() -> None:
     """On a BatchNorm net the prior's statistics come from the same forward pass as the candidate's gradient, the
     client's keys as unknowns included; a weight of 0 leaves it out."""
