@@ -578,5 +578,5 @@ def cells(settings: Mapping[str, Any]) -> list[Cell]:
 
 
 def fingerprint(spec: Mapping[str, Any]) -> str:
-    """A short hash of a run's spec: a finished run is re-run when its settings changed."""
+    """A short hash of a run's spec: a finished run whose settings changed is re-run."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]

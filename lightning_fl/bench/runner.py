@@ -23,15 +23,7 @@ from typing import Any
 
 from lightning_fl.bench import report
 from lightning_fl.bench.cell import failure, run_attacks, run_utility, write_atomically
-from lightning_fl.bench.grid import (
-    Cell,
-    Utility,
-    apply_only,
-    cells,
-    expand_strengths,
-    fingerprint,
-    utilities,
-)
+from lightning_fl.bench.grid import Cell, Utility, apply_only, cells, expand_strengths, fingerprint, utilities
 from lightning_fl.code_fingerprint import code_fingerprint
 from lightning_fl.federation.run_lock import RunLock
 
