@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,6 +130,7 @@ def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tu
     return np.setdiff1d(np.arange(len(labels)), test_idx), test_idx
 
 
+@cache  # decoded once per process: load_dataset indexes (copies) what it keeps
 def _digits() -> tuple[Tensor, Tensor, int]:
     from sklearn.datasets import load_digits
 
@@ -137,6 +139,7 @@ def _digits() -> tuple[Tensor, Tensor, int]:
     return images, torch.tensor(bunch.target, dtype=torch.long), 10
 
 
+@cache  # decoded once per process: load_dataset indexes (copies) what it keeps
 def _lfw_faces() -> tuple[Tensor, Tensor, int]:
     from skimage import data
 
@@ -146,6 +149,7 @@ def _lfw_faces() -> tuple[Tensor, Tensor, int]:
     return images, labels, 2
 
 
+@cache  # decoded once per process: load_dataset indexes (copies) what it keeps
 def _photos(grid: int = 3) -> tuple[Tensor, Tensor, int, tuple[str, ...]]:
     """A ``grid`` x ``grid`` grid of square crops (side: the shorter edge over ``grid``) of each of
     :data:`PHOTO_SOURCES`, resized to 64x64 with antialiasing; label = the photo."""

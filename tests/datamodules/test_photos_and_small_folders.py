@@ -22,6 +22,18 @@ def test_photos_are_nine_classes_of_natural_rgb_crops_with_sources() -> None:
     assert float(train.images.std()) > 0.15  # real photographs, not flat colour
 
 
+@pytest.mark.parametrize("name", ["photos", "digits", "lfw_faces"])
+def test_a_loaded_data_set_is_the_callers_own_copy(name: str) -> None:
+    """The packaged images are decoded once per process (every bench run loads them): what a caller changes in its
+    data set never reaches the next one, at the native size (no resize copies it) or any other."""
+    for image_size in (None, 16):
+        first = load_dataset(name, train=True, image_size=image_size)
+        first.images.zero_()
+        first.labels.zero_()
+        again = load_dataset(name, train=True, image_size=image_size)
+        assert float(again.images.abs().sum()) > 0 and int(again.labels.max()) > 0
+
+
 def test_a_folder_with_one_image_per_class_is_all_training_data(tmp_path: Path) -> None:
     for k, name in enumerate(["cat", "cup", "rocket"]):
         (tmp_path / name).mkdir()
