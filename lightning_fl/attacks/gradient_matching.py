@@ -340,7 +340,7 @@ class GradientMatchingAttack(GradientAttack):
             label_input = label_input.to(device, dtype)
             to_probabilities = partial(torch.softmax, dim=-1)
             variables = [images, label_input.requires_grad_()]
-        shifts = {n: u.detach().expand(self.restarts, *u.shape).clone().requires_grad_() for n, u in unknown.items()}
+        shifts = {n: u.expand(self.restarts, *u.shape).clone().requires_grad_() for n, u in unknown.items()}
         variables += list(shifts.values())
         distance = self.gradient_distance()
         settings = self.batch_settings(target.data_per_step, images=view.metadata.get("inputs", "images") == "images")

@@ -239,10 +239,11 @@ def _run_grid(
 ) -> list[dict[str, Any]]:
     """:func:`run_bench`'s work, with the output directory's run lock held."""
     settings = expand_strengths(apply_only(settings))
-    code = None if report_only else code_fingerprint()  # a report draws what is stored, whichever code made it
-    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility", code)
+    code = code_fingerprint()
+    reusable = None if report_only else code  # a report draws what is stored, whichever code made it
+    utility, todo_utility = _stored(utilities(settings), settings, output_dir / "utility", reusable)
     grid: list[Cell] = cells(settings)
-    results, todo_cells = _stored(grid, settings, output_dir / "cells", code)
+    results, todo_cells = _stored(grid, settings, output_dir / "cells", reusable)
     groups: dict[str, list[tuple[Cell, dict[str, Any], str]]] = {}  # attack run -> its cells
     for cell, spec, digest in todo_cells:
         groups.setdefault(spec["run"], []).append((cell, spec, digest))
@@ -253,7 +254,7 @@ def _run_grid(
     )
     started = time.perf_counter()
     if report_only:
-        other = sum(result.get("code") != code_fingerprint() for result in results.values())
+        other = sum(result.get("code") != code for result in results.values())
         print_(
             f"bench: --report_only: the report holds the {len(grid) - todo} finished cells ({other} made by other "
             f"lightning-fl code than this one's, which a run without --report_only re-runs), {todo} are missing"
@@ -262,7 +263,7 @@ def _run_grid(
         todo_utility, groups = [], {}
 
     def finish_utility(run: Utility, digest: str, result: dict[str, Any]) -> None:
-        entry = {**vars(run), **result, "fingerprint": digest, "code": code_fingerprint()}
+        entry = {**vars(run), **result, "fingerprint": digest, "code": code}
         if result["status"] == "ok":
             write_atomically(output_dir / "utility" / f"{run.key}.json", entry)
         utility[run.key] = entry
@@ -274,7 +275,7 @@ def _run_grid(
         for cell, spec, digest in group:
             result = outcome[cell.attack]
             entry = {**vars(cell), "leak_point": spec["leak_point"], "server": spec["server"], **result}
-            entry |= {"fingerprint": digest, "code": code_fingerprint()}
+            entry |= {"fingerprint": digest, "code": code}
             if result["status"].startswith("ok"):
                 write_atomically(output_dir / "cells" / f"{cell.key}.json", entry)
             results[cell.key] = entry
