@@ -81,6 +81,31 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads a run's length: ``"42 s"``, ``"13 min"``, ``"2.4 h"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _progress_line(done: int, total: int, elapsed: float) -> str:
+    """How far a bench is: ``done`` of its ``total`` runs (utility and attack runs) finished after ``elapsed``
+    seconds, and the time the rest takes at the mean pace so far (runs differ in cost, so it is a rough guide).
+
+    Example:
+        >>> _progress_line(3, 12, 600.0)
+        'bench: 3 of 12 runs done, 10 min so far, ~30 min to go at this pace'
+        >>> _progress_line(12, 12, 7200.0)
+        'bench: 12 of 12 runs done, 2.0 h so far'
+    """
+    line = f"bench: {done} of {total} runs done, {_duration(elapsed)} so far"
+    if done < total:
+        line += f", ~{_duration(elapsed / done * (total - done))} to go at this pace"
+    return line
+
+
 def _done(path: Path, digest: str, code: str | None) -> dict[str, Any] | None:
     """The result stored at ``path`` if it was made with the settings of ``digest`` and, unless ``code`` is None, by
     the code of that :func:`~lightning_fl.code_fingerprint.code_fingerprint`."""
@@ -301,6 +326,13 @@ def _run_grid(
         else:
             pending[future] = job
 
+    runs, finished_runs = len(todo_utility) + len(groups), 0
+
+    def count_finished() -> None:
+        nonlocal finished_runs
+        finished_runs += 1
+        print_(_progress_line(finished_runs, runs, time.perf_counter() - started))
+
     def collect(future: Future, job: Any) -> None:
         if isinstance(job[0], Utility):
             run, digest = job
@@ -311,8 +343,10 @@ def _run_grid(
                 else:
                     names = {c.attack: {"status": "failed: its utility run failed"} for c, _, _ in groups[key]}
                     finish_cells(groups[key], names)
+                    count_finished()
         else:
             finish_cells(groups[job], future.result())
+        count_finished()
 
     waiting: dict[str, list[str]] = {}  # utility run key -> trained-model attack runs after it
     try:
@@ -320,9 +354,9 @@ def _run_grid(
             cell = group[0][0]
             if group[0][1]["trained_from"] is not None and cell.utility.key not in utility:
                 waiting.setdefault(cell.utility.key, []).append(key)
-        for run, spec, digest in todo_utility:
-            add(executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key)), (run, digest))
         after_utility = {key for keys in waiting.values() for key in keys}  # submitted when their model exists
+        for run, spec, digest in todo_utility:  # with one job each runs now, and its waiting attack runs with it
+            add(executor.submit("utility", spec, str(output_dir / "runs" / "utility" / run.key)), (run, digest))
         for key, _ in sorted(groups.items(), key=lambda item: item[1][0][0].seed):
             if key not in after_utility:
                 add(submit_group(executor, key), key)

@@ -66,6 +66,11 @@ def test_mini_grid_reports_utility_per_defence_and_a_threat_model_column_and_res
     markdown = (tmp_path / "bench.md").read_text()
     assert "Threat model `fedsgd_b1_trained` (leak point local_gradient)" in markdown
     assert any(line.startswith("bench: wall") and "CPU" in line for line in lines)
+    # one line per finished run, counting up to the number of runs: with one job the trained-model attack runs ran
+    # twice (when their model was written, then with the other attack runs), and the count read "8 of 6"
+    progress = [line for line in lines if " runs done, " in line]
+    assert [line.split(" of ")[0] for line in progress] == [f"bench: {n}" for n in range(1, len(progress) + 1)]
+    assert progress[-1].startswith(f"bench: {len(progress)} of {len(progress)} runs done") and len(progress) >= 4
 
     lines.clear()
     run_bench(MINI, tmp_path, print_=lines.append)  # resumed: nothing re-runs
