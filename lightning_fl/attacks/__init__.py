@@ -10,7 +10,7 @@ from lightning_fl.attacks.idlg import IDLGAttack
 from lightning_fl.attacks.imprint import ImprintBlock, MaliciousImprint
 from lightning_fl.attacks.inverting_gradients import InvertingGradientsAttack
 from lightning_fl.attacks.label_impact import LabelImpact, label_impact
-from lightning_fl.attacks.labels import infer_labels
+from lightning_fl.attacks.labels import infer_labels, sign_search_candidates
 from lightning_fl.attacks.metrics import score_reconstruction
 from lightning_fl.attacks.model_inversion import ColludingClientInversion, MIFace
 from lightning_fl.attacks.prior_baseline import PriorBaseline
@@ -45,4 +45,5 @@ __all__ = [
     "label_impact",
     "leaked_batch_size",
     "score_reconstruction",
+    "sign_search_candidates",
 ]

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.labels import last_layer_bias_name, last_layer_weight_name
-from lightning_fl.attacks.matching_labels import target_labels
+from lightning_fl.attacks.matching_labels import target_label_sets
 from lightning_fl.attacks.targets import matching_target
 from lightning_fl.messages import ServerView
 
@@ -126,13 +126,13 @@ class AnalyticLinearAttack(GradientAttack):
         num_classes = int(view.metadata.get("num_classes") or 0)
         classifier = last_layer_weight_name(view.model, num_classes=num_classes)
         has_bias = last_layer_bias_name(view.model, weight_name=classifier) in target.names
-        labels = target_labels(
+        labels = target_label_sets(
             view.model,
             target,
             num_classes=num_classes,
             input_shape=input_shape,
             strategy="bias_count" if has_bias else "weight_count",
-        )
+        )[0]
         if callback is not None:
             callback(0, 0.0)
         return Reconstruction(

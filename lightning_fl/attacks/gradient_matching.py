@@ -54,7 +54,7 @@ from lightning_fl.attacks.distances import DISTANCES, DistanceName, cosine_dista
 from lightning_fl.attacks.initialisation import INITS, InitName, initial_images
 from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy, last_layer_weight_name
 from lightning_fl.attacks.local_update import simulated_pseudo_gradient
-from lightning_fl.attacks.matching_labels import restart_label_orders, target_labels
+from lightning_fl.attacks.matching_labels import restart_label_orders, target_label_sets
 from lightning_fl.attacks.matching_problem import MatchingProblem, MatchingState, over_restarts
 from lightning_fl.attacks.metrics import match_reconstructions
 from lightning_fl.attacks.priors import TotalVariation, total_variation
@@ -134,6 +134,13 @@ class GradientMatchingAttack(GradientAttack):
         keep_best_after: with L-BFGS and several restarts, continue only the restart with the smallest gradient
             distance after this many iterations (a stalled start shows within ~100 iterations; one restart then
             costs what one run does); ``None`` runs every restart to the end.
+        settle_labels_after: with fixed labels that differ between restarts (the assignments of inferred labels to
+            the local steps of a multi-step update, :func:`restart_label_orders`), after this many iterations every
+            restart takes the labels of the restart with the smallest objective so far: those that had others
+            start again from fresh images, and the optimiser and its step decay start again for the remaining
+            iterations, so that every restart (and the consensus) works on the chosen assignment. Not in the
+            papers: a search over the assignments before the attack proper. ``None`` keeps each restart on its
+            own assignment; with labels shared by every restart it changes nothing.
         recover_stalled: with L-BFGS, re-draw a restart whose network saturated (gradient exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (see
             :class:`~lightning_fl.attacks.restart_recovery.RestartRecovery`).
@@ -181,6 +188,7 @@ class GradientMatchingAttack(GradientAttack):
         bn_weight: float = 0.0,
         stop_below: float | Auto | None = None,
         keep_best_after: int | None = None,
+        settle_labels_after: int | None = None,
         recover_stalled: bool = False,
         consensus: bool = False,
         progress_bar: bool = True,
@@ -206,10 +214,16 @@ class GradientMatchingAttack(GradientAttack):
             raise ValueError(
                 f"{type(self).__name__}(keep_best_after={keep_best_after}) needs optimizer='lbfgs' and a value >= 1."
             )
+        if settle_labels_after is not None and (settle_labels_after < 1 or keep_best_after is not None):
+            raise ValueError(
+                f"{type(self).__name__}(settle_labels_after={settle_labels_after}) must be >= 1 and not combined "
+                "with keep_best_after."
+            )
         if recover_stalled and optimizer != "lbfgs":
             raise ValueError(f"{type(self).__name__}(recover_stalled=True) needs optimizer='lbfgs'.")
         self.consensus = consensus
         self.stop_below, self.keep_best_after, self.recover_stalled = stop_below, keep_best_after, recover_stalled
+        self.settle_labels_after = settle_labels_after
         self.distance, self.optimizer, self.lr = distance, optimizer, lr
         self.max_iterations, self.restarts = max_iterations, restarts
         self.labels, self.label_strategy, self.init = labels, label_strategy, init
@@ -318,13 +332,14 @@ class GradientMatchingAttack(GradientAttack):
             return [f.to(device, dtype) for f in fresh]
 
         if label_mode == "infer":
-            known = target_labels(
+            known = target_label_sets(
                 view.model,
                 target,
                 num_classes=num_classes,
                 input_shape=input_shape,
                 strategy=self.label_strategy,
                 seed=self.seed,
+                limit=self.restarts,
             )
             labels = restart_label_orders(
                 known.cpu(),
@@ -448,6 +463,19 @@ class GradientMatchingAttack(GradientAttack):
                 step = keep(rows, variables)
                 recovery = recovery.keep(rows) if recovery is not None else None
                 best.keep(rows)
+            if iteration == self.settle_labels_after and not label_input.requires_grad:
+                settled = _settle_labels(label_input, images, best, problem.redraw)
+                if settled is not None:
+                    label_input = settled
+                    step, keep, reset = make_stepper(
+                        variables,
+                        optimizer=self.optimizer,
+                        lr=self.lr,
+                        max_iterations=problem.max_iterations - iteration,
+                        signed=self.signed,
+                        boxed=self.boxed,
+                        lr_decay=self.lr_decay,
+                    )
             losses, gaps = objective(images, label_input)
             relative = gaps.detach() / problem.gap_scale
             labels = label_input.detach().argmax(-1)
@@ -541,6 +569,23 @@ def restart_consensus(images: Tensor, *, best: int, among: Tensor | None = None)
     return torch.stack(aligned).mean(0)
 
 
+def _settle_labels(
+    label_input: Tensor, images: Tensor, best: _BestIterates, redraw: Callable[[int], list[Tensor]]
+) -> Tensor | None:
+    """Every restart's fixed labels ``(R, B, K)`` set to those of the restart of smallest objective so far; the
+    images of the restarts that had other labels re-drawn in place and their record restarted. ``None`` (nothing
+    changed) when every restart already has the winner's labels."""
+    labels = label_input.argmax(-1)
+    winner = int(best.losses.nan_to_num(torch.inf).argmin())
+    other = (labels != labels[winner]).any(-1)
+    if not bool(other.any()):
+        return None
+    with torch.no_grad():
+        images[other] = redraw(int(other.sum()))[0]
+    best.forget(other)
+    return label_input[winner].expand_as(label_input).clone()
+
+
 class _BestIterates:
     """Each restart's smallest objective so far and the candidates that reached it (what
     :meth:`GradientMatchingAttack.reconstruct` returns)."""
@@ -559,6 +604,10 @@ class _BestIterates:
     def keep(self, rows: Tensor) -> None:
         """Only the restarts at ``rows`` from now on."""
         self.losses, self.images, self.labels = self.losses[rows], self.images[rows], self.labels[rows]
+
+    def forget(self, rows: Tensor) -> None:
+        """Start the record of the restarts at ``rows`` (a bool mask) again."""
+        self.losses = self.losses.masked_fill(rows, torch.inf)
 
     def state(self, *fields: object) -> MatchingState:
         """A :class:`MatchingState` of ``fields`` (its leading fields, in order) with these best iterates."""

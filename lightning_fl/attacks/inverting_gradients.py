@@ -52,6 +52,8 @@ class InvertingGradientsAttack(GradientMatchingAttack):
         bn_weight: weight of the BatchNorm prior (0: off).
         consensus: return the mean of the restarts' best iterates instead of the best restart's (not in the paper:
             See-Through-Gradients' group consensus; see :class:`GradientMatchingAttack`).
+        settle_labels_after: on a multi-step update, move every restart onto the best restart's assignment of labels
+            to local steps after this many steps (not in the paper; see :class:`GradientMatchingAttack`).
         progress_bar: show a rich progress bar.
         seed: seed of the starting images.
 
@@ -77,6 +79,7 @@ class InvertingGradientsAttack(GradientMatchingAttack):
             "bn_statistics": "none",
             "bn_weight": 0.0,
             "consensus": False,
+            "settle_labels_after": None,
             "progress_bar": True,
             "seed": 0,
         },

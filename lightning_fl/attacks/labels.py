@@ -9,8 +9,10 @@ reads the label of a single image off the sign; the ranking rules below extend i
 
 from __future__ import annotations
 
+from itertools import combinations_with_replacement, islice
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from lightning_fl.attacks.label_counts import DummyStatistics, counts_to_labels, label_counts
@@ -23,10 +25,13 @@ __all__ = [
     "infer_labels",
     "last_layer_bias_name",
     "last_layer_weight_name",
+    "sign_search_candidates",
 ]
 
-LabelStrategy = Literal["idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count"]
-LABEL_STRATEGIES: frozenset[str] = frozenset({"idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count"})
+LabelStrategy = Literal["idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count", "sign_search"]
+LABEL_STRATEGIES: frozenset[str] = frozenset(
+    {"idlg", "yin", "llg", "llg_plus", "bias_count", "weight_count", "sign_search"}
+)
 COUNT_STRATEGIES: frozenset[str] = frozenset({"bias_count", "weight_count"})
 """The strategies that need :class:`~lightning_fl.attacks.label_counts.DummyStatistics` of the model."""
 
@@ -92,6 +97,9 @@ def infer_labels(
       ``bias_gradient`` and ``dummy``. Holds for repeated labels and features of any sign.
     - ``"weight_count"``: the same count from the weight gradient's row sums, for a classifier without a bias
       (Geng et al., Sec. 3.1), with the dummies' mean feature sum; needs ``dummy``.
+    - ``"sign_search"``: the classes present are the rows with a negative entry (the sign evidence of iDLG and
+      Yin et al.), how often each occurs is left to a search: the first of :func:`sign_search_candidates`, whose
+      other candidates a gradient-matching attack tries in its restarts.
 
     The gradient is of the loss averaged over the batch. A multi-step update is :math:`-\eta \sum_t g_t`: pass its
     pseudo-gradient averaged over the steps, :math:`-\Delta W / (\eta T)` (the ranking rules are scale-invariant).
@@ -122,6 +130,8 @@ def infer_labels(
     if last_layer_gradient.ndim != 2:
         raise ValueError(f"expected the last layer's weight gradient (K, D), got shape {last_layer_gradient.shape}.")
     num_classes = last_layer_gradient.shape[0]
+    if strategy == "sign_search":
+        return sign_search_candidates(last_layer_gradient, num_images=num_images, limit=1)[0]
     if strategy in ("idlg", "yin") and num_images > num_classes:
         raise ValueError(
             f"label strategy {strategy!r} assumes distinct labels but num_images={num_images} > {num_classes} "
@@ -153,3 +163,31 @@ def infer_labels(
         return llg_labels(sums, num_images=num_images, impact=impact.at(num_images), offset=impact.offset)
     batch_impact = float(sums.clamp(max=0).sum()) * (1 + 1 / num_classes) / num_images
     return llg_labels(sums, num_images=num_images, impact=batch_impact)
+
+
+def sign_search_candidates(last_layer_gradient: Tensor, *, num_images: int, limit: int) -> Tensor:
+    r"""Label multisets ``(n, B)``, ``n <= limit``, that hold exactly the classes present in a batch, most plausible
+    first: the candidates of the label search (``label_strategy="sign_search"``).
+
+    A class absent from the batch has the weight-gradient row :math:`\sum_b p_{b,c} h_b`, with no negative entry
+    when the penultimate features :math:`h_b` are non-negative (ReLU or sigmoid networks; over a multi-step update
+    too, as a sum of such rows); a present class's row has the negative term :math:`-\sum_{b: y_b = c} h_b`. So the
+    present classes are the rows whose smallest entry is below -1 % of the most negative row's (the sign evidence
+    of iDLG, Zhao et al. 2020, and of GradInversion's Eq. 6, Yin et al. CVPR 2021, which keep B such rows and so
+    assume distinct labels). How often each present class occurs is what the sign does not tell: every way of
+    giving the other B - m labels to the m present classes is a candidate, those that give them to the rows with
+    the most negative entries first (at most B of the most negative rows count as present, at least one).
+
+    Example:
+        >>> grad = torch.tensor([[0.2, 0.1], [-0.5, 0.4], [0.3, 0.2], [0.1, -0.9]])
+        >>> sign_search_candidates(grad, num_images=3, limit=4)
+        tensor([[1, 3, 3],
+                [1, 1, 3]])
+    """
+    minima = last_layer_gradient.detach().double().amin(1)
+    ranked = minima.argsort()
+    present = ranked[minima[ranked] < 0.01 * minima.min().clamp(max=0)][:num_images]
+    present = present if len(present) else ranked[:1]
+    extras = combinations_with_replacement(range(len(present)), num_images - len(present))
+    sets = [torch.cat([present, present[list(extra)]]).sort().values for extra in islice(extras, limit)]
+    return torch.stack(sets)

@@ -15,14 +15,15 @@ from lightning_fl.attacks.labels import (
     infer_labels,
     last_layer_bias_name,
     last_layer_weight_name,
+    sign_search_candidates,
 )
 from lightning_fl.attacks.local_update import step_positions
 from lightning_fl.attacks.targets import MatchingTarget
 
-__all__ = ["restart_label_orders", "target_labels"]
+__all__ = ["restart_label_orders", "target_label_sets"]
 
 
-def target_labels(
+def target_label_sets(
     model: nn.Module,
     target: MatchingTarget,
     *,
@@ -30,9 +31,12 @@ def target_labels(
     input_shape: Sequence[int],
     strategy: LabelStrategy,
     seed: int = 0,
+    limit: int = 1,
 ) -> Tensor:
-    """The ``target.num_images`` labels behind ``target`` by :func:`~lightning_fl.attacks.labels.infer_labels`, from
-    the classifier's pseudo-gradient averaged over the local steps (the count rules' dummies drawn from ``seed``).
+    """Candidate sets of the ``target.num_images`` labels behind ``target``, ``(n, B)`` with ``n <= limit``, from the
+    classifier's pseudo-gradient averaged over the local steps: the one set of
+    :func:`~lightning_fl.attacks.labels.infer_labels` (the count rules' dummies drawn from ``seed``), or for
+    ``"sign_search"`` the candidates of :func:`~lightning_fl.attacks.labels.sign_search_candidates`.
 
     ``llg_plus`` measures its impact and offset with the same dummy inputs for every class (the attacker holds the
     model but no data of the task; Wainakh et al. (2022) use auxiliary data, which a caller of
@@ -45,6 +49,8 @@ def target_labels(
     gradients = dict(zip(target.names, target.tensors, strict=True))
     if weight not in gradients:
         raise ValueError(f"inferred labels need the classifier weight {weight!r} among the matched layers.")
+    if strategy == "sign_search":
+        return sign_search_candidates(gradients[weight] / target.local_steps, num_images=target.num_images, limit=limit)
     bias = last_layer_bias_name(model, weight_name=weight)
     dummy = impact = None
     if strategy in COUNT_STRATEGIES:
@@ -52,7 +58,7 @@ def target_labels(
     if strategy == "llg_plus":
         dummies = dummy_inputs(64, input_shape=input_shape, seed=seed)
         impact = label_impact(model, classifier_weight=weight, inputs_per_class=[dummies] * num_classes)
-    return infer_labels(
+    labels = infer_labels(
         gradients[weight] / target.local_steps,
         num_images=target.num_images,
         strategy=strategy,
@@ -60,43 +66,56 @@ def target_labels(
         dummy=dummy,
         impact=impact,
     )
+    return labels[None]
 
 
 def restart_label_orders(
-    labels: Tensor, *, local_steps: int, restarts: int, generator: torch.Generator, data_per_step: int | None = None
+    label_sets: Tensor,
+    *,
+    local_steps: int,
+    restarts: int,
+    generator: torch.Generator,
+    data_per_step: int | None = None,
 ) -> Tensor:
-    """Inferred labels per restart ``(R, B)``.
+    """Inferred labels per restart ``(R, B)`` from the candidate label sets ``(n, B)`` (most plausible first).
 
-    Inferred: in a multi-step update the assignment of the inferred label multiset to local steps is unknown (the
-    gradient of one step is symmetric in its batch, the steps are not), so restart 0 keeps the inferred order and
-    the others try other assignments: first ones that put other labels together in a step (each a new partition of
-    the multiset into step batches), then other step orders of those, drawn from ``generator``; the best restart
-    picks the assignment. Step t holds the positions :func:`~lightning_fl.attacks.local_update.step_positions` names
-    (``data_per_step`` default ``B / local_steps``).
+    Inferred: the restarts first try each candidate set (restart 0 the first, in its inferred order); in a
+    multi-step update the assignment of a set to the local steps is unknown too (the gradient of one step is
+    symmetric in its batch, the steps are not), so further restarts try other assignments: first ones that put other
+    labels together in a step (each a new partition of a set into step batches), then other step orders of those,
+    drawn from ``generator``; the best restart picks the labels and their assignment. Step t holds the positions
+    :func:`~lightning_fl.attacks.local_update.step_positions` names (``data_per_step`` default ``B / local_steps``).
 
     Example:
-        >>> orders = restart_label_orders(torch.tensor([0, 3, 5, 8]), local_steps=2, restarts=4,
+        >>> orders = restart_label_orders(torch.tensor([[0, 3, 5, 8]]), local_steps=2, restarts=4,
         ...                               generator=torch.Generator().manual_seed(0))
         >>> sorted({tuple(sorted((tuple(sorted(o[:2].tolist())), tuple(sorted(o[2:].tolist()))))) for o in orders})
         [((0, 3), (5, 8)), ((0, 5), (3, 8)), ((0, 8), (3, 5))]
+        >>> restart_label_orders(torch.tensor([[1, 3, 3], [1, 1, 3]]), local_steps=1, restarts=3,
+        ...                      generator=torch.Generator()).tolist()
+        [[1, 3, 3], [1, 1, 3], [1, 3, 3]]
     """
-    count = len(labels)
+    sets, count = label_sets.shape
     if local_steps == 1 or restarts == 1:
-        return labels.expand(restarts, count).clone()
+        return label_sets[torch.arange(restarts) % sets]
     per_step = data_per_step or max(count // local_steps, 1)
     positions = step_positions(count, local_steps=local_steps, data_per_step=per_step)
-
-    def step_batches(order: Tensor) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(sorted(labels[order[p]].tolist())) for p in positions)
-
-    candidates = [torch.arange(count)] + [torch.randperm(count, generator=generator) for _ in range(64 * restarts)]
-    keys = [step_batches(order) for order in candidates]
+    candidates = [label_sets[s] for s in range(sets)]
+    candidates += [
+        label_sets[s][torch.randperm(count, generator=generator)] for _ in range(64 * restarts) for s in range(sets)
+    ]
+    keys = [tuple(tuple(sorted(labels[p].tolist())) for p in positions) for labels in candidates]
     chosen: list[int] = []
-    for new_key in (lambda steps: tuple(sorted(steps)), lambda steps: steps, lambda steps: None):
+    for new_key in (
+        lambda steps: tuple(sorted(sum(steps, ()))),
+        lambda steps: tuple(sorted(steps)),
+        lambda steps: steps,
+        lambda steps: None,
+    ):
         seen = {new_key(keys[i]) for i in chosen}
         for index, steps in enumerate(keys):
             key = new_key(steps)
             if len(chosen) < restarts and index not in chosen and (key is None or key not in seen):
                 chosen.append(index)
                 seen.add(key)
-    return labels[torch.stack([candidates[i] for i in chosen])]
+    return torch.stack([candidates[i] for i in chosen])

@@ -2,7 +2,7 @@
 
 Not a paper's attack but the calibration row of a table: it never matches the intercepted tensors. ``guess="mean"``
 returns the mean image of the public data for every leaked image; ``guess="class_sample"`` returns, for each label
-read off the classifier's gradient (:func:`~lightning_fl.attacks.matching_labels.target_labels`, the label
+read off the classifier's gradient (:func:`~lightning_fl.attacks.matching_labels.target_label_sets`, the label
 inference of the gradient-matching attacks), a random public image of that class. An attack that scores no better
 than this row has recovered nothing the attacker did not already know.
 
@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from lightning_fl.attacks.base import GradientAttack, IterationCallback, Reconstruction
 from lightning_fl.attacks.labels import LABEL_STRATEGIES, LabelStrategy
-from lightning_fl.attacks.matching_labels import target_labels
+from lightning_fl.attacks.matching_labels import target_label_sets
 from lightning_fl.attacks.targets import leaked_batch_size, matching_target
 from lightning_fl.messages import ServerView
 
@@ -91,14 +91,14 @@ class PriorBaseline(GradientAttack):
         num_classes = int(view.metadata.get("num_classes") or 0)
         try:
             target = matching_target(view)
-            labels = target_labels(
+            labels = target_label_sets(
                 view.model,
                 target,
                 num_classes=num_classes,
                 input_shape=tuple(self.images.shape[1:]),
                 strategy=self.label_strategy,
                 seed=self.seed,
-            )
+            )[0]
             return labels.cpu().long(), self.label_strategy
         except ValueError as err:
             drawn = torch.randint(max(num_classes, 1), (num_images,), generator=generator)

@@ -159,3 +159,28 @@ def test_consensus_leaves_out_restarts_given_another_assignment_of_labels_to_loc
     images = InvertingGradientsAttack(**settings, consensus=True).reconstruct(multi_step).images
     assert torch.allclose(images, restart_consensus(final.best_images, best=best, among=same))
     assert not torch.allclose(images, restart_consensus(final.best_images, best=best))
+
+
+def test_settle_labels_after_moves_every_restart_onto_the_best_assignment_and_redraws_the_others() -> None:
+    multi_step, _ = digits_view(batch_size=2, local_steps=2, image_size=16, distinct_labels=True)
+    settings = {"max_iterations": 6, "restarts": 3, "progress_bar": False}
+    plain = list(InvertingGradientsAttack(**settings).iterate(multi_step))
+    settled = list(InvertingGradientsAttack(**settings, settle_labels_after=3).iterate(multi_step))
+    winner = int(plain[2].best_losses.argmin())
+    assert [len({tuple(o.tolist()) for o in s.labels}) for s in settled] == [3, 3, 3, 1, 1, 1]
+    assert torch.equal(settled[-1].labels[0], plain[2].labels[winner])
+    others = [r for r in range(3) if r != winner]
+    # the winner went on from its iterate; the others start again from fresh images, with a fresh record
+    assert torch.allclose(settled[3].losses[winner], plain[3].losses[winner])
+    assert not torch.allclose(settled[3].losses[others], plain[3].losses[others])
+    assert torch.equal(settled[3].best_losses[others], settled[3].losses[others])
+
+
+def test_settle_labels_after_changes_nothing_where_every_restart_has_the_same_labels() -> None:
+    view, _ = digits_view(batch_size=2, image_size=16)
+    settings = {"max_iterations": 6, "restarts": 2, "progress_bar": False}
+    plain = InvertingGradientsAttack(**settings).reconstruct(view)
+    settled = InvertingGradientsAttack(**settings, settle_labels_after=3).reconstruct(view)
+    assert torch.equal(plain.images, settled.images)
+    with pytest.raises(ValueError, match="settle_labels_after"):
+        GradientMatchingAttack(settle_labels_after=0)

@@ -8,7 +8,7 @@ import torch
 from lightning_fl.attacks.label_counts import dummy_inputs
 from lightning_fl.attacks.label_impact import label_impact
 from lightning_fl.attacks.labels import infer_labels, last_layer_weight_name
-from lightning_fl.attacks.matching_labels import target_labels
+from lightning_fl.attacks.matching_labels import target_label_sets
 from lightning_fl.attacks.metrics import label_recovery_accuracy
 from lightning_fl.attacks.targets import matching_target
 from tests.attacks.views import digits_view
@@ -50,7 +50,7 @@ def test_llg_plus_names_its_missing_inputs() -> None:
 def test_attacks_infer_llg_plus_labels_from_the_view() -> None:
     """What IDLGAttack/InvertingGradientsAttack(label_strategy="llg_plus") fix before optimising."""
     view, truth = digits_view(batch_size=8, seed=0)
-    labels = target_labels(
+    labels = target_label_sets(
         view.model, matching_target(view), num_classes=10, input_shape=truth.inputs.shape[1:], strategy="llg_plus"
-    )
+    )[0]
     assert float(label_recovery_accuracy(labels, truth.targets, num_classes=10)) >= 0.875
