@@ -214,10 +214,14 @@ class GradientMatchingAttack(GradientAttack):
             raise ValueError(
                 f"{type(self).__name__}(keep_best_after={keep_best_after}) needs optimizer='lbfgs' and a value >= 1."
             )
-        if settle_labels_after is not None and (settle_labels_after < 1 or keep_best_after is not None):
+        if settle_labels_after is not None and (
+            settle_labels_after < 1
+            or keep_best_after is not None
+            or (max_iterations != "auto" and settle_labels_after >= max_iterations)
+        ):
             raise ValueError(
-                f"{type(self).__name__}(settle_labels_after={settle_labels_after}) must be >= 1 and not combined "
-                "with keep_best_after."
+                f"{type(self).__name__}(settle_labels_after={settle_labels_after}) must be >= 1, below "
+                f"max_iterations={max_iterations} and not combined with keep_best_after."
             )
         if recover_stalled and optimizer != "lbfgs":
             raise ValueError(f"{type(self).__name__}(recover_stalled=True) needs optimizer='lbfgs'.")
