@@ -176,7 +176,9 @@ def sign_search_candidates(last_layer_gradient: Tensor, *, num_images: int, limi
     of iDLG, Zhao et al. 2020, and of GradInversion's Eq. 6, Yin et al. CVPR 2021, which keep B such rows and so
     assume distinct labels). How often each present class occurs is what the sign does not tell: every way of
     giving the other B - m labels to the m present classes is a candidate, those that give them to the rows with
-    the most negative entries first (at most B of the most negative rows count as present, at least one).
+    the most negative entries first (at most B of the most negative rows count as present, at least one). A rule
+    for small batches with few repeats: with many images per class, or dense features whose positive terms outweigh
+    a class's one negative term, the count rules are better (docs/attacks.md, "Label inference").
 
     Example:
         >>> grad = torch.tensor([[0.2, 0.1], [-0.5, 0.4], [0.3, 0.2], [0.1, -0.9]])
