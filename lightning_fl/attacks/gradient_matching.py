@@ -443,15 +443,15 @@ class GradientMatchingAttack(GradientAttack):
         # below L-BFGS's absolute tolerances (torch's) from the start: the optimiser then sees the distance relative
         # to sum ||g||^2 (unchanged when that is >= 1, the usual case)
         unit = min(problem.gap_scale, 1.0)
-        step, keep, reset = make_stepper(
-            variables,
+        stepper = partial(
+            make_stepper,
             optimizer=self.optimizer,
             lr=self.lr,
-            max_iterations=problem.max_iterations,
             signed=self.signed,
             boxed=self.boxed,
             lr_decay=self.lr_decay,
         )
+        step, keep, reset = stepper(variables, max_iterations=problem.max_iterations)
         ids, relative = torch.arange(self.restarts), torch.zeros(self.restarts)
         best = _BestIterates(images, label_input)
         recovery = RestartRecovery(variables, vanished=1e-7) if self.recover_stalled else None
@@ -471,15 +471,7 @@ class GradientMatchingAttack(GradientAttack):
                 settled = _settle_labels(label_input, images, best, problem.redraw)
                 if settled is not None:
                     label_input = settled
-                    step, keep, reset = make_stepper(
-                        variables,
-                        optimizer=self.optimizer,
-                        lr=self.lr,
-                        max_iterations=problem.max_iterations - iteration,
-                        signed=self.signed,
-                        boxed=self.boxed,
-                        lr_decay=self.lr_decay,
-                    )
+                    step, keep, reset = stepper(variables, max_iterations=problem.max_iterations - iteration)
             losses, gaps = objective(images, label_input)
             relative = gaps.detach() / problem.gap_scale
             labels = label_input.detach().argmax(-1)
