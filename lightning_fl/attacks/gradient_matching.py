@@ -137,10 +137,10 @@ class GradientMatchingAttack(GradientAttack):
         settle_labels_after: with fixed labels that differ between restarts (the assignments of inferred labels to
             the local steps of a multi-step update, :func:`restart_label_orders`), after this many iterations every
             restart takes the labels of the restart with the smallest objective so far: those that had others
-            start again from fresh images, and the optimiser and its step decay start again for the remaining
-            iterations, so that every restart (and the consensus) works on the chosen assignment. Not in the
-            papers: a search over the assignments before the attack proper. ``None`` keeps each restart on its
-            own assignment; with labels shared by every restart it changes nothing.
+            start again from fresh images (their unknowns from the first guess), and the optimiser and its step
+            decay start again for the remaining iterations, so that every restart (and the consensus) works on the
+            chosen assignment. Not in the papers: a search over the assignments before the attack proper. ``None``
+            keeps each restart on its own assignment; with labels shared by every restart it changes nothing.
         recover_stalled: with L-BFGS, re-draw a restart whose network saturated (gradient exactly zero far from a
             solution) and send one that diverged after progress back to its best iterate (see
             :class:`~lightning_fl.attacks.restart_recovery.RestartRecovery`).
@@ -333,6 +333,7 @@ class GradientMatchingAttack(GradientAttack):
             fresh = [initial_images((count, *shape[1:]), init=self.init, generator=generator)]
             if label_mode == "optimise":
                 fresh.append(torch.randn(count, *label_shape, generator=generator))
+            fresh += [u.expand(count, *u.shape) for u in unknown.values()]  # the unknowns' guess is their start
             return [f.to(device, dtype) for f in fresh]
 
         if label_mode == "infer":
@@ -468,7 +469,7 @@ class GradientMatchingAttack(GradientAttack):
                 recovery = recovery.keep(rows) if recovery is not None else None
                 best.keep(rows)
             if iteration == self.settle_labels_after and not label_input.requires_grad:
-                settled = _settle_labels(label_input, images, best, problem.redraw)
+                settled = _settle_labels(label_input, variables, best, problem.redraw)
                 if settled is not None:
                     label_input = settled
                     step, keep, reset = stepper(variables, max_iterations=problem.max_iterations - iteration)
@@ -566,18 +567,19 @@ def restart_consensus(images: Tensor, *, best: int, among: Tensor | None = None)
 
 
 def _settle_labels(
-    label_input: Tensor, images: Tensor, best: _BestIterates, redraw: Callable[[int], list[Tensor]]
+    label_input: Tensor, variables: list[Tensor], best: _BestIterates, redraw: Callable[[int], list[Tensor]]
 ) -> Tensor | None:
     """Every restart's fixed labels ``(R, B, K)`` set to those of the restart of smallest objective so far; the
-    images of the restarts that had other labels re-drawn in place and their record restarted. ``None`` (nothing
-    changed) when every restart already has the winner's labels."""
+    ``variables`` (images, then any unknowns) of the restarts that had other labels re-drawn in place and their
+    record restarted. ``None`` (nothing changed) when every restart already has the winner's labels."""
     labels = label_input.argmax(-1)
     winner = int(best.losses.nan_to_num(torch.inf).argmin())
     other = (labels != labels[winner]).any(-1)
     if not bool(other.any()):
         return None
     with torch.no_grad():
-        images[other] = redraw(int(other.sum()))[0]
+        for variable, start in zip(variables, redraw(int(other.sum())), strict=True):
+            variable[other] = start
     best.forget(other)
     return label_input[winner].expand_as(label_input).clone()
 

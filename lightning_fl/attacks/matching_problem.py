@@ -75,11 +75,12 @@ class MatchingProblem:
             per-restart objective (gradient distance plus regularisers).
         images: starting candidates ``(R, B, C, H, W)``, a leaf that requires grad.
         label_input: soft-label logits ``(R, B, K)`` (optimised) or one-hot inferred labels.
-        variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``.
+        variables: what the optimiser updates: ``[images]`` or ``[images, label_input]``, then any unknowns (an
+            adaptive attack's guess of private tensors, one per restart).
         gap_scale: the gradient distance of an all-zero candidate gradient, which makes a distance relative.
         single: ``objective`` for one remaining restart ``(1, ...)`` without ``vmap``.
         redraw: ``count -> fresh starts of variables``: new random values for each of ``variables``, ``(count, ...)``,
-            from the same seeded generator as the first starts.
+            from the same seeded generator as the first starts (an unknown's start is its first guess again).
         stop_below: the early-stop threshold on the relative gradient distance for this batch (``None``: no stop).
         max_iterations: the iteration budget for this batch.
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -94,10 +95,17 @@ def test_noise_aware_is_as_strong_as_inverting_gradients_on_a_batchnorm_net_with
 
 
 def _private_view(
-    defence: object, *, train_steps: int = 0, image_seed: int = 0, key_seed: int = 7, backbone: str = "lenet_dlg"
+    defence: object,
+    *,
+    train_steps: int = 0,
+    image_seed: int = 0,
+    key_seed: int = 7,
+    backbone: str = "lenet_dlg",
+    local_steps: int = 1,
 ) -> tuple[ServerView, GroundTruth]:
-    """One digit's gradient from a client whose private state the server's model does not hold: its own secrets
-    (drawn by ``reset_private``) and, after ``train_steps`` SGD steps, its own trained private layers."""
+    """One digit's gradient (or the update of ``local_steps`` steps on two digits of distinct classes each) from a
+    client whose private state the server's model does not hold: its own secrets (drawn by ``reset_private``) and,
+    after ``train_steps`` SGD steps, its own trained private layers."""
     dm = FederatedDataModule("digits", num_clients=2, partition="iid", image_size=16)
     torch.manual_seed(0)
     server = apply_defences(make_classifier(dm, backbone=backbone), [defence])
@@ -111,8 +119,11 @@ def _private_view(
             F.cross_entropy(client(images), labels).backward()
             optimizer.step()
         load_state_into(server, dict(public_state(client)))
-    images, labels = dm.sample_batch(0, 1, seed=image_seed)
-    view = client_view(client, images, labels, num_classes=dm.num_classes)
+    images, labels = dm.sample_batch(0, 1 if local_steps == 1 else 100, seed=image_seed)
+    if local_steps > 1:
+        first = [int((labels == c).nonzero()[0]) for c in labels.unique()[: 2 * local_steps]]
+        images, labels = images[first], labels[first]
+    view = client_view(client, images, labels, num_classes=dm.num_classes, local_steps=local_steps, lr=0.1)
     return dataclasses.replace(view, model=copy.deepcopy(server).train()), GroundTruth(images, labels)
 
 
@@ -180,6 +191,23 @@ def test_each_restart_fits_its_own_secrets() -> None:
     problem = PrivateUnknownsAttack(max_iterations=2, restarts=3, progress_bar=False).problem(view)
     secrets = problem.variables[1:]  # the images, then the passports: no labels with a known label
     assert secrets and all(len(s) == 3 for s in secrets)
+
+
+def test_the_settle_step_starts_the_secrets_of_the_redrawn_restarts_again() -> None:
+    """Restarts given another split of the labels into the two local steps start again from fresh images and from
+    the first guess of the secrets: one Adam step (at most ``lr`` a coordinate) after the settle step they are that
+    close to it, while the winner's secrets went on (more than ``lr`` from it)."""
+    view, _ = _private_view(Passports(num_convs=1, passport_size=16), local_steps=2)
+    attack = PrivateUnknownsAttack(max_iterations=6, restarts=3, settle_labels_after=3, progress_bar=False)
+    problem = attack.problem(view)
+    first_guess = [s.detach().clone() for s in problem.variables[1:]]
+    states = list(itertools.islice(attack.iterate(view, problem=problem), 4))
+    winner = int(states[2].best_losses.argmin())
+    assert len({tuple(labels.tolist()) for labels in states[3].labels}) == 1
+    secrets = zip(problem.variables[1:], first_guess, strict=True)
+    moved = torch.stack([(s.detach() - g).flatten(1).abs().amax(1) for s, g in secrets]).amax(0)
+    redrawn = [r for r in range(3) if r != winner]
+    assert bool((moved[redrawn] <= attack.lr * 1.001).all()) and moved[winner] > 1.5 * attack.lr, (winner, moved)
 
 
 def test_private_unknowns_take_the_batch_norm_prior_through_the_unknown_keys() -> None:
