@@ -669,7 +669,7 @@ def _privacy_panel(
     heading = f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'}), {server} server"
     if broken is None or not broken:  # said where the eye starts, in the panel's title
         heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
-    ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred")
+    ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred", loc="left")
     anchors = [max(indices, key=lambda i: points[i][1]) for indices in families.values()]  # a label per defence
     order = sorted(range(len(anchors)), key=lambda k: points[anchors[k]][1])
     heights = _spread([points[anchors[k]][1] for k in order], gap=0.075, low=0.0, high=1.0)

@@ -100,7 +100,7 @@ def test_a_threat_model_whose_undefended_row_is_not_broken_says_it_cannot_rank_a
     for t in ("weak", "strong"):
         ax = Figure().subplots()
         fronts[t] = report._privacy_panel(ax, rows, t, 10.0)
-        texts[t] = " ".join([ax.get_title(), *(x.get_text() for x in ax.texts)]).replace("\n", " ")
+        texts[t] = " ".join([ax.get_title(loc="left"), *(x.get_text() for x in ax.texts)]).replace("\n", " ")
         legends[t] = ax.get_legend_handles_labels()[1]
     assert fronts["weak"] == [] and "Pareto front" not in legends["weak"] and report.CANNOT_RANK in texts["weak"]
     assert (
