@@ -80,6 +80,39 @@ def test_private_fine_tuning_trains_private_layers_only() -> None:
     assert all(torch.equal(public[k], before_public[k]) for k in before_public)
 
 
+class _FirstBatch(L.Callback):
+    """Keeps the first training batch of the local pass and stops there."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self.batch = [t.clone() for t in batch]
+        trainer.should_stop = True
+
+
+@pytest.mark.parametrize("own_generator", [True, False])
+def test_private_fine_tuning_leaves_the_local_pass_its_batches(own_generator: bool) -> None:
+    """The fine-tuning's draws do not move the shuffle of the local pass that follows it, so a passports client is
+    trained, and attacked, on the batches of an undefended one (a loader with its own generator, or the global one)."""
+    dm = digits()
+    first = {}
+    for steps in (0, 10):
+        torch.manual_seed(3)
+        loader = dm.train_dataloader(0)
+        if not own_generator:
+            loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True)
+        seen = _FirstBatch()
+        trainer = L.Trainer(
+            max_steps=1,
+            callbacks=[PrivateFineTuning(steps=steps), seen],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(defended_model(dm, "passports"), train_dataloaders=loader)
+        first[steps] = seen.batch
+    assert all(torch.equal(a, b) for a, b in zip(first[0], first[10], strict=True))
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [({"steps": -1}, r"steps=-1\) must be >= 0"), ({"lr": 0}, r"lr=0\)")])
 def test_private_fine_tuning_rejects_bad_options(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -88,7 +88,10 @@ class PrivateFineTuning(L.Callback):
     """FDL-PP step (3): before local training, train only the private layers on the freshly downloaded model.
 
     Runs ``steps`` optimiser steps of the module's own ``training_step`` on the client's training data with
-    every public parameter frozen, so the published layers are not modified (paper Sec. 2.1). Add it to
+    every public parameter frozen, so the published layers are not modified (paper Sec. 2.1). The local pass
+    after it sees the batches it would see without it: the fine-tuning draws its shuffles from a copy of the
+    loader's generator (or of the global one, for a loader without its own), so a defended client and an
+    undefended one train, and are attacked, on the same batches. Add it to
     ``FederatedLoop(client_callbacks=[...])``. Inferred: the paper trains the private layers after
     the download; in a round-based loop a client's next download is the start of its next local fit, so the
     fine-tuning runs there (before the full local pass, whose public update is what the server receives).
@@ -113,18 +116,24 @@ class PrivateFineTuning(L.Callback):
         if not private or not self.steps:
             return
         optimizer = torch.optim.Adam(private, lr=self.lr)
-        batches = iter(trainer.train_dataloader)
-        for step in range(self.steps):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                batches = iter(trainer.train_dataloader)
-                batch = next(batches)
-            batch = [t.to(pl_module.device) for t in batch]
-            optimizer.zero_grad()
-            loss = pl_module.training_step(batch, step)
-            grads = torch.autograd.grad(loss, private)
-            for p, g in zip(private, grads, strict=True):
-                p.grad = g
-            optimizer.step()
-            optimizer.zero_grad()
+        loader = trainer.train_dataloader
+        generator = getattr(loader, "generator", None)
+        shuffle_state = generator.get_state() if generator is not None else None
+        with torch.random.fork_rng(devices=[]):
+            batches = iter(loader)
+            for step in range(self.steps):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    batches = iter(loader)
+                    batch = next(batches)
+                batch = [t.to(pl_module.device) for t in batch]
+                optimizer.zero_grad()
+                loss = pl_module.training_step(batch, step)
+                grads = torch.autograd.grad(loss, private)
+                for p, g in zip(private, grads, strict=True):
+                    p.grad = g
+                optimizer.step()
+                optimizer.zero_grad()
+        if shuffle_state is not None:
+            generator.set_state(shuffle_state)
