@@ -613,15 +613,6 @@ def _privacy_panel(
     """Draw the panel of :func:`write_scatter` for ``threat_model`` and ``server``'s attacks on ``ax``; returns the
     rows of its Pareto front."""
     unreadable = [r["defence"] for r in rows if r["threat_model"] == threat_model and "readable" in r["status"]]
-    if unreadable:  # no reconstruction to score: the server read only ciphertexts
-        ax.text(
-            0.01,
-            0.01,
-            "nothing readable: " + ", ".join(dict.fromkeys(unreadable)),
-            transform=ax.transAxes,
-            fontsize=_FONT - 2,
-            color="0.3",
-        )
     curves = privacy_curves(rows, threat_model, server)
     best = [r for points in curves.values() for r in points]
     points = [(r["ssim_mean"], r["test_accuracy_mean"]) for r in best]
@@ -669,6 +660,8 @@ def _privacy_panel(
     heading = f"threat model {threat_model} ({best[0]['leak_point'] if best else 'no scores'}), {server} server"
     if broken is None or not broken:  # said where the eye starts, in the panel's title
         heading += "\n" + (NO_UNDEFENDED if broken is None else CANNOT_RANK).replace(": ", ":\n", 1)
+    if unreadable:  # no reconstruction to score, so no point: the server read only ciphertexts
+        heading += "\nnothing readable (no point): " + ", ".join(dict.fromkeys(unreadable))
     ax.set_title(heading, fontsize=_FONT + 1, color="black" if broken else "darkred", loc="left")
     anchors = [max(indices, key=lambda i: points[i][1]) for indices in families.values()]  # a label per defence
     order = sorted(range(len(anchors)), key=lambda k: points[anchors[k]][1])
@@ -699,7 +692,7 @@ def _privacy_panel(
     ax.tick_params(labelsize=_FONT - 1)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:  # a panel with no scores and no bar has nothing to list
-        ax.legend(fontsize=_FONT - 2, loc="lower left" if unreadable else "lower right")
+        ax.legend(fontsize=_FONT - 2, loc="lower right")  # lower left holds the defences that leave no model
     return [best[i] for i in front]
 
 

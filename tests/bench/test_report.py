@@ -136,6 +136,20 @@ def test_a_cell_with_nothing_readable_keeps_its_success_rate_of_zero() -> None:
     assert row["images"] == 0 and row["success_rate_mean"] == 0.0 and row["ssim_mean"] is None
 
 
+def test_a_panel_names_the_defences_with_nothing_readable_in_its_title() -> None:
+    """A defence whose update the server cannot read (Paillier) has no point on the panel; the title says so, where
+    no point or legend covers it."""
+    from matplotlib.figure import Figure
+
+    unreadable = {**_cell("paillier", "ig", "weak", psnr=[1.0], ssim=[0.0]), "psnr": None, "ssim": None}
+    unreadable.update(images={"psnr": [], "ssim": [], "lpips": None}, success_rate=0.0, status="ok: nothing readable")
+    rows = _rows([*_grid(["weak"], broken={"weak"}), unreadable], "none", "noise", "pruning", "paillier")
+    ax = Figure().subplots()
+    report._privacy_panel(ax, rows, "weak", 10.0)
+    assert "nothing readable (no point): paillier" in ax.get_title(loc="left")
+    assert not any("readable" in text.get_text() for text in ax.texts)  # not under the points or the legend
+
+
 def test_an_attack_on_a_model_of_its_own_neither_breaks_the_undefended_model_nor_is_a_defences_strongest() -> None:
     """The analytic attack runs on its own MLP: its 1.0 says nothing of the defence's model (issue 31's mixed
     scatter), so the panel ranks the attacks that ran on the defence's model, and a threat model broken only by it
