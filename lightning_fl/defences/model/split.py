@@ -89,8 +89,8 @@ class PrivateFineTuning(L.Callback):
 
     Runs ``steps`` optimiser steps of the module's own ``training_step`` on the client's training data with
     every public parameter frozen, so the published layers are not modified (paper Sec. 2.1). The local pass
-    after it sees the batches it would see without it: the fine-tuning draws its shuffles from a copy of the
-    loader's generator (or of the global one, for a loader without its own), so a defended client and an
+    after it sees the batches it would see without it: the loader's generator (and the global one, which a loader
+    without its own draws from) is put back to its state before the fine-tuning, so a defended client and an
     undefended one train, and are attacked, on the same batches. Add it to
     ``FederatedLoop(client_callbacks=[...])``. Inferred: the paper trains the private layers after
     the download; in a round-based loop a client's next download is the start of its next local fit, so the
